@@ -1,0 +1,1 @@
+"""What every learner shares: run directories, metric logging and progress reporting."""

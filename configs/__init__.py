@@ -1,0 +1,1 @@
+"""Typed experiment configs, presets and the `q2real` command line."""

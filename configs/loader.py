@@ -1,0 +1,168 @@
+"""Typed configs: dataclass defaults, then a YAML preset, then `key.sub=value` overrides.
+
+Every layer is checked against the dataclass field types as it is applied, so an unknown key or a
+wrong type is reported with the layer it came from (`configs/presets/x.yaml: agent.lr: ...` or
+`command line: env.num_envs: ...`) instead of surfacing as a crash deep inside training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+import yaml
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config key is unknown or its value has the wrong type; the message names key and source."""
+
+
+def _coerce(value: Any, tp: Any, source: str, key: str) -> Any:
+    where = f"{source}: {key}"
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, source, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {tp}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: expected one of {list(args)}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {value!r}")
+        return merge(tp(), value, source, prefix=f"{key}.")
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
+            return tuple(_coerce(v, a, source, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+        item = args[0] if args else Any
+        items = [_coerce(v, item, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"{where}: config fields of type {tp} are not supported")
+
+
+def merge(config: T, data: Mapping[str, Any], source: str, prefix: str = "") -> T:
+    """A copy of `config` with the keys in `data` applied; unknown keys and bad types raise ConfigError."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(type(config))
+    fields = {f.name for f in dataclasses.fields(config)}
+    changes = {}
+    for key, value in data.items():
+        where = f"{source}: {prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown key; {type(config).__name__} has {sorted(fields)}")
+        current = getattr(config, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
+            changes[key] = merge(current, value, source, prefix=f"{prefix}{key}.")
+        else:
+            changes[key] = _coerce(value, hints[key], source, f"{prefix}{key}")
+    return dataclasses.replace(config, **changes)
+
+
+def parse_overrides(overrides: list[str], source: str = "command line") -> dict[str, Any]:
+    """Turn `a.b=1 c=[1,2]` into a nested dict; values are parsed as YAML scalars/lists."""
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{source}: '{item}': expected key=value (e.g. env.num_envs=128)")
+        key, raw = item.split("=", 1)
+        if not key:
+            raise ConfigError(f"{source}: '{item}': empty key")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{source}: {key}: cannot parse value {raw!r}: {err}") from err
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{source}: {key}: '{part}' is set both as a value and as a section")
+        node[parts[-1]] = value
+    return nested
+
+
+def preset_path(name: str) -> Path:
+    """A preset by name (`configs/presets/<name>.yaml`) or by file path."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    shipped = PRESET_DIR / f"{name}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise ConfigError(f"preset '{name}': no such file and no shipped preset; shipped: {list_presets()}")
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load(cls: type[T], preset: str | None = None, overrides: list[str] | None = None) -> T:
+    """Resolve a config: `cls()` defaults, then the preset YAML, then command-line overrides."""
+    config = cls()
+    if preset is not None:
+        path = preset_path(preset)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        config = merge(config, data, str(path))
+    if overrides:
+        config = merge(config, parse_overrides(overrides), "command line")
+    return config
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """Plain dict (tuples as lists) for YAML/JSON; `load` reads it back to an equal config."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, tuple | list):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return plain(dataclasses.asdict(config))

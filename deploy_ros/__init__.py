@@ -1,0 +1,1 @@
+"""Running an exported policy bundle on a robot through ROS 2."""

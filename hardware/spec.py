@@ -1,0 +1,239 @@
+"""Robot specs: the one place where joint names, limits, default pose, gains and rates are written.
+
+Sim, shield and deploy all read a `RobotSpec`; none of them repeats a number from it. A spec is a
+YAML file beside its MJCF model (`hardware/<robot>/robot.yaml`). Loading validates every field and
+raises `SpecError` naming the file and the field, because a wrong limit here reaches a real motor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import mujoco
+import numpy as np
+import yaml
+
+HARDWARE_DIR = Path(__file__).resolve().parent
+ControlMode = Literal["torque", "position"]
+_TOP_KEYS = {"name", "model", "control_mode", "control_period", "joints"}
+_JOINT_KEYS = {"name", "position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd"}
+
+
+class SpecError(ValueError):
+    """A robot spec is missing a field or holds a value the robot cannot have."""
+
+
+@dataclass(frozen=True)
+class JointSpec:
+    """One actuated joint, in the order the policy sees it."""
+
+    name: str
+    position_limits: tuple[float, float]
+    """Hard lower/upper position (rad or m); +-inf for a continuous joint."""
+    velocity_limit: float
+    """Largest |velocity| the joint may be commanded to reach (rad/s or m/s)."""
+    effort_limit: float
+    """Largest |torque| or |force| the actuator may apply (N m or N)."""
+    default_position: float
+    """Pose the robot holds when the policy outputs zero, and ramps to before running."""
+    kp: float
+    """PD stiffness for position control; 0 for torque-controlled joints."""
+    kd: float
+    """PD damping for position control; 0 for torque-controlled joints."""
+
+
+@dataclass(frozen=True)
+class RobotSpec:
+    """Everything about a robot that sim, shield and deploy must agree on."""
+
+    name: str
+    model_path: Path
+    control_mode: ControlMode
+    control_period: float
+    """Seconds between two policy actions on the real robot and in sim."""
+    joints: tuple[JointSpec, ...]
+    source: Path
+
+    @property
+    def joint_names(self) -> list[str]:
+        return [j.name for j in self.joints]
+
+    @property
+    def num_joints(self) -> int:
+        return len(self.joints)
+
+    def array(self, field: str) -> np.ndarray:
+        """One per-joint field as a float64 array in policy order (`position_limits` gives shape (n, 2))."""
+        return np.array([getattr(j, field) for j in self.joints], dtype=np.float64)
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the spec file and the model file: a bundle names the exact robot it was trained for."""
+        digest = hashlib.sha256(self.source.read_bytes())
+        digest.update(self.model_path.read_bytes())
+        return digest.hexdigest()
+
+    def load_model(self) -> mujoco.MjModel:
+        """Compile the robot's MJCF and write this spec's limits and gains into it."""
+        try:
+            model = mujoco.MjModel.from_xml_path(str(self.model_path))
+        except ValueError as err:
+            raise SpecError(f"{self.source}: model: {self.model_path} does not compile: {err}") from err
+        apply_to_model(self, model)
+        return model
+
+    def substeps(self, model: mujoco.MjModel) -> int:
+        """Physics steps per control period; the period must be a whole number of timesteps."""
+        ratio = self.control_period / model.opt.timestep
+        if abs(ratio - round(ratio)) > 1e-6 or round(ratio) < 1:
+            raise SpecError(
+                f"{self.source}: control_period: {self.control_period} s is not a whole multiple of the "
+                f"model timestep {model.opt.timestep} s"
+            )
+        return round(ratio)
+
+
+def _actuator_for_joint(model: mujoco.MjModel, joint_id: int) -> int | None:
+    for act in range(model.nu):
+        if model.actuator_trntype[act] == mujoco.mjtTrn.mjTRN_JOINT and model.actuator_trnid[act, 0] == joint_id:
+            return act
+    return None
+
+
+def apply_to_model(spec: RobotSpec, model: mujoco.MjModel) -> None:
+    """Make the compiled model obey the spec: joint ranges, actuator force limits and PD gains.
+
+    The MJCF supplies geometry and inertia; the limits a robot is allowed to use come from the spec
+    alone, so editing the spec is enough to change what sim, shield and deploy enforce.
+    """
+    for joint in spec.joints:
+        jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint.name)
+        if jid < 0:
+            raise SpecError(f"{spec.source}: joints.{joint.name}: no joint of that name in {spec.model_path.name}")
+        act = _actuator_for_joint(model, jid)
+        if act is None:
+            raise SpecError(f"{spec.source}: joints.{joint.name}: no actuator drives it in {spec.model_path.name}")
+        lo, hi = joint.position_limits
+        bounded = math.isfinite(lo) and math.isfinite(hi)
+        model.jnt_limited[jid] = int(bounded)
+        if bounded:
+            model.jnt_range[jid] = (lo, hi)
+        model.actuator_forcelimited[act] = 1
+        model.actuator_forcerange[act] = (-joint.effort_limit, joint.effort_limit)
+        if spec.control_mode == "position":
+            # MuJoCo position actuator: force = kp * ctrl - kp * q - kd * qdot (gear 1).
+            model.actuator_gainprm[act, 0] = joint.kp
+            model.actuator_biasprm[act, :3] = (0.0, -joint.kp, -joint.kd)
+            model.actuator_ctrllimited[act] = int(bounded)
+            if bounded:
+                model.actuator_ctrlrange[act] = (lo, hi)
+        else:
+            gear = model.actuator_gear[act, 0]
+            model.actuator_ctrllimited[act] = 1
+            model.actuator_ctrlrange[act] = (-joint.effort_limit / gear, joint.effort_limit / gear)
+
+
+def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"{where}: expected a number, got {value!r}")
+    value = float(value)
+    if math.isnan(value):
+        raise SpecError(f"{where}: expected a number, got NaN")
+    if positive and not (value > 0 and math.isfinite(value)):
+        raise SpecError(f"{where}: expected a finite number > 0, got {value}")
+    if nonneg and not (value >= 0 and math.isfinite(value)):
+        raise SpecError(f"{where}: expected a finite number >= 0, got {value}")
+    return value
+
+
+def _require(data: dict, key: str, where: str) -> Any:
+    if key not in data:
+        raise SpecError(f"{where}: missing required field '{key}'")
+    return data[key]
+
+
+def _check_keys(data: Any, allowed: set[str], where: str) -> None:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SpecError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _joint(data: Any, where: str, control_mode: str) -> JointSpec:
+    _check_keys(data, _JOINT_KEYS, where)
+    name = _require(data, "name", where)
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"{where}.name: expected a non-empty string, got {name!r}")
+    where = f"{where}({name})"
+    limits = _require(data, "position_limits", where)
+    if not isinstance(limits, list) or len(limits) != 2:
+        raise SpecError(f"{where}.position_limits: expected [lower, upper], got {limits!r}")
+    lo = _number(limits[0], f"{where}.position_limits[0]")
+    hi = _number(limits[1], f"{where}.position_limits[1]")
+    if not lo < hi:
+        raise SpecError(f"{where}.position_limits: lower {lo} must be below upper {hi}")
+    default = _number(_require(data, "default_position", where), f"{where}.default_position")
+    if not lo <= default <= hi:
+        raise SpecError(f"{where}.default_position: {default} lies outside position_limits [{lo}, {hi}]")
+    kp = _number(data.get("kp", 0.0), f"{where}.kp", nonneg=True)
+    kd = _number(data.get("kd", 0.0), f"{where}.kd", nonneg=True)
+    if control_mode == "position" and kp <= 0:
+        raise SpecError(f"{where}.kp: position-controlled joints need kp > 0, got {kp}")
+    return JointSpec(
+        name=name,
+        position_limits=(lo, hi),
+        velocity_limit=_number(_require(data, "velocity_limit", where), f"{where}.velocity_limit", positive=True),
+        effort_limit=_number(_require(data, "effort_limit", where), f"{where}.effort_limit", positive=True),
+        default_position=default,
+        kp=kp,
+        kd=kd,
+    )
+
+
+def load_spec(path: str | Path) -> RobotSpec:
+    """Read and validate a robot spec YAML; every error names the file and the field."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise SpecError(f"{path}: robot spec file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path}: not valid YAML: {err}") from err
+    where = str(path)
+    _check_keys(data, _TOP_KEYS, where)
+    name = _require(data, "name", where)
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"{where}: name: expected a non-empty string, got {name!r}")
+    model_rel = _require(data, "model", where)
+    if not isinstance(model_rel, str):
+        raise SpecError(f"{where}: model: expected a path relative to the spec, got {model_rel!r}")
+    model_path = (path.parent / model_rel).resolve()
+    if not model_path.is_file():
+        raise SpecError(f"{where}: model: file {model_path} not found")
+    mode = _require(data, "control_mode", where)
+    if mode not in ("torque", "position"):
+        raise SpecError(f"{where}: control_mode: expected 'torque' or 'position', got {mode!r}")
+    period = _number(_require(data, "control_period", where), f"{where}: control_period", positive=True)
+    joints_data = _require(data, "joints", where)
+    if not isinstance(joints_data, list) or not joints_data:
+        raise SpecError(f"{where}: joints: expected a non-empty list of joints")
+    joints = tuple(_joint(j, f"{where}: joints[{i}]", mode) for i, j in enumerate(joints_data))
+    names = [j.name for j in joints]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SpecError(f"{where}: joints: duplicate joint name(s) {dupes}")
+    return RobotSpec(name, model_path, mode, period, joints, path)
+
+
+def robot_spec(name: str) -> RobotSpec:
+    """The spec shipped in `hardware/<name>/robot.yaml`."""
+    path = HARDWARE_DIR / name / "robot.yaml"
+    if not path.is_file():
+        shipped = sorted(p.parent.name for p in HARDWARE_DIR.glob("*/robot.yaml"))
+        raise SpecError(f"{path}: no robot spec named '{name}'; shipped specs: {shipped}")
+    return load_spec(path)

@@ -1,0 +1,1 @@
+"""Residual RL: per-step corrections learned on top of a behaviour-cloned base policy."""

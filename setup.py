@@ -1,0 +1,15 @@
+"""Maps each top-level folder to `q2real.<folder>`; sub-packages are discovered so none is left out of a wheel."""
+
+from setuptools import find_namespace_packages, setup
+
+NAMESPACE = "q2real"
+FOLDERS = ["sim", "agents", "residual", "safety", "deploy_ros", "configs", "hardware"]
+
+setup(
+    package_dir={f"{NAMESPACE}.{folder}": folder for folder in FOLDERS},
+    packages=[
+        f"{NAMESPACE}.{folder}{'.' + sub if sub else ''}"
+        for folder in FOLDERS
+        for sub in ["", *find_namespace_packages(folder, exclude=["*__pycache__*"])]
+    ],
+)

@@ -1,0 +1,1 @@
+"""Physics backends behind `PhysicsBackend`: native MuJoCo threads (CPU) and MJX (JAX)."""

@@ -1,0 +1,49 @@
+"""Which env to build and how: the `env` section of every q2real config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from q2real.sim.randomization import RandomizationConfig
+
+
+@dataclass
+class EnvConfig:
+    task: str = "cartpole_swingup"
+    """A registered task (`q2real envs`), `gymnasium:<id>` or `playground:<name>`."""
+    num_envs: int = 64
+    """Environments stepped in parallel."""
+    backend: Literal["auto", "mujoco", "mjx"] = "auto"
+    """Physics backend; `auto` picks MJX when a GPU is present and native MuJoCo otherwise."""
+    device: str = "auto"
+    """Torch device for observations, actions and rewards; `auto` picks CUDA when present."""
+    seed: int = 0
+    task_params: dict[str, Any] = field(default_factory=dict)
+    """Task settings (see `q2real envs --task NAME`), or keyword arguments for a gymnasium/playground env."""
+    randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"env.device: '{name}' requested but this torch build sees no CUDA device")
+    return device
+
+
+def resolve_backend(name: str) -> Literal["mujoco", "mjx"]:
+    """`auto` means MJX only where it is fast: a GPU visible to JAX."""
+    if name != "auto":
+        return name  # type: ignore[return-value]
+    if not torch.cuda.is_available():
+        return "mujoco"
+    try:
+        import jax
+        from mujoco import mjx  # noqa: F401
+    except ImportError:
+        return "mujoco"
+    return "mjx" if jax.default_backend() == "gpu" else "mujoco"

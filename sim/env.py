@@ -1,0 +1,115 @@
+"""`TaskEnv`: a q2real task on a physics backend, with auto-reset, time limits and randomization."""
+
+from __future__ import annotations
+
+import torch
+
+from q2real.configs.loader import merge
+from q2real.hardware import robot_spec
+from q2real.sim.config import EnvConfig, resolve_backend, resolve_device
+from q2real.sim.physics import PhysicsBackend
+from q2real.sim.randomization import sample_model_fields
+from q2real.sim.task import Task
+from q2real.sim.vec_env import StepResult, VecEnv
+
+
+def make_backend(name: str, model, num_envs: int, substeps: int, device: torch.device, model_fields) -> PhysicsBackend:
+    if name == "mujoco":
+        from q2real.sim.backends.native import NativeBackend
+
+        return NativeBackend(model, num_envs, substeps, device, model_fields)
+    if name == "mjx":
+        try:
+            from q2real.sim.backends.mjx import MjxBackend
+        except ImportError as err:
+            raise ImportError(f"env.backend: 'mjx' needs JAX and MJX: pip install 'q2real[mjx]' ({err})") from err
+        return MjxBackend(model, num_envs, substeps, device, model_fields)
+    raise ValueError(f"env.backend: expected 'auto', 'mujoco' or 'mjx', got {name!r}")
+
+
+class TaskEnv(VecEnv):
+    """Batched env over a `Task`; every per-env operation is a tensor op, none a Python loop."""
+
+    def __init__(self, task_cls: type[Task], config: EnvConfig):
+        if config.num_envs < 1:
+            raise ValueError(f"env.num_envs: expected >= 1, got {config.num_envs}")
+        config.randomization.validate("env.randomization")
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.backend_name = resolve_backend(config.backend)
+        self.num_envs = n = config.num_envs
+        spec = robot_spec(task_cls.robot)
+        model = spec.load_model()
+        task_config = merge(task_cls.Config(), config.task_params, "env", prefix="task_params.")
+        self.task = task_cls(spec, model, task_config, self.device)
+        self.spec = spec
+        self.episode_length = task_config.episode_length
+
+        dr = config.randomization
+        dr_gen = torch.Generator().manual_seed(config.seed)
+        fields = sample_model_fields(model, dr, n, dr_gen) if dr.randomizes_physics else None
+        self.backend = make_backend(self.backend_name, model, n, spec.substeps(model), self.device, fields)
+        self._obs_bias = (dr.obs_bias * (2 * torch.rand(n, 1, generator=dr_gen) - 1)).to(self.device)
+        lo, hi = dr.action_latency
+        self._latency = torch.randint(lo, hi + 1, (n,), generator=dr_gen).to(self.device)
+        self.action_dim = self.task.action_dim
+        self._action_queue = torch.zeros(n, hi + 1, self.action_dim, device=self.device)
+        self._steps = torch.zeros(n, dtype=torch.long, device=self.device)
+        self._rows = torch.arange(n, device=self.device)
+        self._gen = torch.Generator(device=self.device)
+        self._gen.manual_seed(config.seed)
+
+        terms = self.task.observation_terms(self.backend.set_state(*self._initial(torch.ones(n, dtype=torch.bool))))
+        self.obs_names = tuple(terms)
+        self.obs_dims = tuple(t.shape[-1] for t in terms.values())
+        self.obs_dim = sum(self.obs_dims)
+
+    def _initial(self, mask: torch.Tensor):
+        qpos, qvel = self.task.initial_state(self.num_envs, self._gen)
+        return mask.to(self.device), qpos, qvel
+
+    def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
+        std = self.config.randomization.obs_noise_std
+        if std > 0:
+            obs = obs + std * torch.randn(obs.shape, generator=self._gen, device=self.device)
+        return obs + self._obs_bias
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        if seed is not None:
+            self._gen.manual_seed(seed)
+        physics = self.backend.set_state(*self._initial(torch.ones(self.num_envs, dtype=torch.bool)))
+        self._steps.zero_()
+        self._action_queue.zero_()
+        return self._noisy(self.task.observe(physics))
+
+    def step(self, action: torch.Tensor) -> StepResult:
+        action = self.check_action(action)
+        self._action_queue = torch.roll(self._action_queue, 1, dims=1)
+        self._action_queue[:, 0] = action
+        applied = self._action_queue[self._rows, self._latency]
+        physics = self.backend.step(self.task.action_to_ctrl(applied))
+        true_obs = self.task.observe(physics)
+        diverged = ~torch.isfinite(true_obs).all(dim=-1)
+        terminated = self.task.terminated(physics) | diverged
+        self._steps += 1
+        truncated = (self._steps >= self.episode_length) & ~terminated
+        next_obs = self._noisy(true_obs)
+        result = StepResult(
+            obs=next_obs,
+            next_obs=next_obs,
+            reward=self.task.reward(physics, applied),
+            terminated=terminated,
+            truncated=truncated,
+            cost=self.task.cost(physics, applied),
+            info={"physics_diverged": diverged},
+        )
+        done = result.done
+        if done.any():
+            physics = self.backend.set_state(*self._initial(done))
+            self._steps[done] = 0
+            self._action_queue[done] = 0.0
+            result.obs = torch.where(done[:, None], self._noisy(self.task.observe(physics)), next_obs)
+        return result
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,83 @@
+"""Per-env domain randomization, sampled once per env from a seed and shared by both backends.
+
+Physical parameters are sampled here, as plain per-env arrays of model fields, and each backend
+only installs them (per-env `MjModel` copies natively, a batched `mjx.Model` on MJX), so the same
+seed gives the same randomized robots on either backend. Observation noise and action latency act
+on torch tensors in the env and need no backend support.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+import torch
+
+
+@dataclass
+class RandomizationConfig:
+    """Ranges are (low, high); the defaults randomize nothing."""
+
+    mass_scale: tuple[float, float] = (1.0, 1.0)
+    """Multiplier on each body's mass and inertia."""
+    friction_scale: tuple[float, float] = (1.0, 1.0)
+    """Multiplier on each geom's sliding friction."""
+    damping_scale: tuple[float, float] = (1.0, 1.0)
+    """Multiplier on each joint DoF's damping."""
+    actuator_gain_scale: tuple[float, float] = (1.0, 1.0)
+    """Multiplier on each actuator's gain (and position-actuator stiffness)."""
+    obs_noise_std: float = 0.0
+    """Std of Gaussian noise added to every observation entry, fresh each step."""
+    obs_bias: float = 0.0
+    """Per-env constant offset on every observation entry, uniform in [-obs_bias, obs_bias]."""
+    action_latency: tuple[int, int] = (0, 0)
+    """Per-env delay, in control ticks, between choosing an action and it reaching the actuators."""
+
+    def validate(self, where: str = "randomization") -> None:
+        for name in ("mass_scale", "friction_scale", "damping_scale", "actuator_gain_scale"):
+            lo, hi = getattr(self, name)
+            if not 0 < lo <= hi:
+                raise ValueError(f"{where}.{name}: expected 0 < low <= high, got ({lo}, {hi})")
+        if self.obs_noise_std < 0 or self.obs_bias < 0:
+            raise ValueError(f"{where}: obs_noise_std and obs_bias must be >= 0")
+        lo, hi = self.action_latency
+        if not 0 <= lo <= hi:
+            raise ValueError(f"{where}.action_latency: expected 0 <= low <= high ticks, got ({lo}, {hi})")
+
+    @property
+    def randomizes_physics(self) -> bool:
+        ranges = (self.mass_scale, self.friction_scale, self.damping_scale, self.actuator_gain_scale)
+        return any(lo != 1.0 or hi != 1.0 for lo, hi in ranges)
+
+
+def _uniform(gen: torch.Generator, low: float, high: float, shape: tuple[int, ...]) -> np.ndarray:
+    sample = torch.rand(shape, generator=gen, dtype=torch.float64)
+    return (low + (high - low) * sample).numpy()
+
+
+def sample_model_fields(
+    model: mujoco.MjModel, config: RandomizationConfig, num_envs: int, gen: torch.Generator
+) -> dict[str, np.ndarray]:
+    """Per-env values (num_envs, *field.shape) of every model field the config randomizes."""
+    fields: dict[str, np.ndarray] = {}
+    n = num_envs
+    if config.mass_scale != (1.0, 1.0):
+        scale = _uniform(gen, *config.mass_scale, (n, model.nbody))
+        fields["body_mass"] = model.body_mass[None] * scale
+        fields["body_inertia"] = model.body_inertia[None] * scale[..., None]
+    if config.friction_scale != (1.0, 1.0):
+        friction = np.repeat(model.geom_friction[None], n, axis=0)
+        friction[..., 0] *= _uniform(gen, *config.friction_scale, (n, model.ngeom))
+        fields["geom_friction"] = friction
+    if config.damping_scale != (1.0, 1.0):
+        fields["dof_damping"] = model.dof_damping[None] * _uniform(gen, *config.damping_scale, (n, model.nv))
+    if config.actuator_gain_scale != (1.0, 1.0):
+        scale = _uniform(gen, *config.actuator_gain_scale, (n, model.nu))
+        gain = np.repeat(model.actuator_gainprm[None], n, axis=0)
+        bias = np.repeat(model.actuator_biasprm[None], n, axis=0)
+        gain[..., 0] *= scale
+        bias[..., 1] *= scale
+        fields["actuator_gainprm"] = gain
+        fields["actuator_biasprm"] = bias
+    return fields

@@ -1,0 +1,73 @@
+"""Named tasks and `make`: the one way to build an env from an `EnvConfig`."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+from q2real.sim.config import EnvConfig
+from q2real.sim.task import Task, TaskConfig
+from q2real.sim.tasks.cartpole import CartpoleSwingup
+from q2real.sim.tasks.pendulum import PendulumSwingup
+from q2real.sim.vec_env import VecEnv
+
+TASKS: dict[str, type[Task]] = {
+    "pendulum_swingup": PendulumSwingup,
+    "cartpole_swingup": CartpoleSwingup,
+}
+ADAPTERS = {
+    "gymnasium": "any gymnasium env with Box spaces, e.g. gymnasium:HalfCheetah-v5 (pip install 'q2real[gym]')",
+    "playground": "a MuJoCo Playground env, e.g. playground:CartpoleSwingup (pip install 'q2real[playground]')",
+}
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    name: str
+    robot: str
+    summary: str
+    config: TaskConfig
+
+
+def task_names() -> list[str]:
+    return sorted(TASKS)
+
+
+def default_config(name: str) -> TaskConfig:
+    """The task's own settings (episode length, reward parameters) at their defaults."""
+    return _task(name).Config()
+
+
+def describe(name: str) -> TaskInfo:
+    cls = _task(name)
+    summary = (sys.modules[cls.__module__].__doc__ or "").strip()
+    return TaskInfo(name, cls.robot, summary, cls.Config())
+
+
+def _task(name: str) -> type[Task]:
+    if name not in TASKS:
+        raise ValueError(
+            f"env.task: unknown task '{name}'; registered: {task_names()}, or an adapter prefix: "
+            f"{[p + ':<name>' for p in ADAPTERS]}"
+        )
+    return TASKS[name]
+
+
+def make(config: EnvConfig | None = None, **changes) -> VecEnv:
+    """Build the env a config names; keyword arguments override config fields (`make(task=..., num_envs=...)`)."""
+    config = dataclasses.replace(config or EnvConfig(), **changes)
+    prefix, _, rest = config.task.partition(":")
+    if rest:
+        if prefix == "gymnasium":
+            from q2real.sim.adapters.gymnasium_env import GymnasiumEnv
+
+            return GymnasiumEnv(rest, config)
+        if prefix == "playground":
+            from q2real.sim.adapters.playground_env import PlaygroundEnv
+
+            return PlaygroundEnv(rest, config)
+        raise ValueError(f"env.task: unknown adapter '{prefix}:' in '{config.task}'; known: {sorted(ADAPTERS)}")
+    from q2real.sim.env import TaskEnv
+
+    return TaskEnv(_task(config.task), config)

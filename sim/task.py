@@ -1,0 +1,110 @@
+"""Task logic, written once in torch over `PhysicsState` so it runs on every backend."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import mujoco
+import torch
+
+from q2real.hardware import RobotSpec
+from q2real.sim.physics import PhysicsState
+
+
+@dataclass
+class TaskConfig:
+    """Settings every task has; tasks extend it with their own reward or reset parameters."""
+
+    episode_length: int = 1000
+    """Control steps before an episode is truncated."""
+
+
+class Task(ABC):
+    """Observation, reward, cost, termination and reset distribution of one task on one robot.
+
+    Actions in [-1, 1] are mapped to actuator commands from the robot spec alone: torque-controlled
+    joints get `action * effort_limit`, position-controlled joints get a target around the default
+    pose scaled to the position limits.
+    """
+
+    robot: str
+    """Name of the spec in `hardware/` this task runs on."""
+    Config: type[TaskConfig] = TaskConfig
+
+    def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: TaskConfig, device: torch.device):
+        self.spec = spec
+        self.config = config
+        self.device = device
+        self.model = model
+        joint_ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in spec.joint_names]
+        self.qpos_index = torch.tensor([model.jnt_qposadr[j] for j in joint_ids], device=device)
+        self.qvel_index = torch.tensor([model.jnt_dofadr[j] for j in joint_ids], device=device)
+        act_ids = [self._actuator(model, j) for j in joint_ids]
+        if act_ids != list(range(model.nu)):
+            raise ValueError(f"{spec.source}: joints must list one actuated joint per actuator, in actuator order")
+        gear = torch.tensor(model.actuator_gear[:, 0], dtype=torch.float32, device=device)
+        effort = torch.tensor(spec.array("effort_limit"), dtype=torch.float32, device=device)
+        limits = torch.tensor(spec.array("position_limits"), dtype=torch.float32, device=device)
+        default = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
+        if spec.control_mode == "torque":
+            self._ctrl_scale, self._ctrl_offset = effort / gear, torch.zeros_like(effort)
+        else:
+            self._ctrl_scale = torch.minimum(limits[:, 1] - default, default - limits[:, 0]).clamp(max=math.pi)
+            self._ctrl_offset = default
+
+    @staticmethod
+    def _actuator(model: mujoco.MjModel, joint_id: int) -> int:
+        matches = [a for a in range(model.nu) if model.actuator_trnid[a, 0] == joint_id]
+        return matches[0] if matches else -1
+
+    @property
+    def action_dim(self) -> int:
+        return self.spec.num_joints
+
+    def action_to_ctrl(self, action: torch.Tensor) -> torch.Tensor:
+        """Map policy actions in [-1, 1] to MuJoCo `ctrl` through the robot spec."""
+        return self._ctrl_offset + self._ctrl_scale * action
+
+    @abstractmethod
+    def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample (qpos, qvel) for `num_envs` fresh episodes."""
+
+    @abstractmethod
+    def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
+        """Named observation terms, each (num_envs, dim), concatenated in insertion order."""
+
+    @abstractmethod
+    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        """Per-env reward after a step taken with `action` (the action that reached the actuators)."""
+
+    def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        """Per-env safety cost (0 = safe); tasks with constraints override it."""
+        return torch.zeros(physics.qpos.shape[0], device=self.device)
+
+    def terminated(self, physics: PhysicsState) -> torch.Tensor:
+        """True where the episode reached a terminal state."""
+        return torch.zeros(physics.qpos.shape[0], dtype=torch.bool, device=self.device)
+
+    def observe(self, physics: PhysicsState) -> torch.Tensor:
+        return torch.cat(list(self.observation_terms(physics).values()), dim=-1)
+
+    def _uniform(self, gen: torch.Generator, low: float, high: float, shape: tuple[int, ...]) -> torch.Tensor:
+        return low + (high - low) * torch.rand(shape, generator=gen, device=self.device)
+
+    def _normal(self, gen: torch.Generator, std: float, shape: tuple[int, ...]) -> torch.Tensor:
+        return std * torch.randn(shape, generator=gen, device=self.device)
+
+
+def tolerance(
+    x: torch.Tensor, bounds: tuple[float, float], margin: float, value_at_margin: float = 0.1
+) -> torch.Tensor:
+    """1 inside `bounds`, falling off as a Gaussian to `value_at_margin` at `margin` outside (dm_control's shape)."""
+    lo, hi = bounds
+    inside = (x >= lo) & (x <= hi)
+    if margin == 0:
+        return inside.float()
+    distance = torch.where(x < lo, lo - x, x - hi) / margin
+    scale = math.sqrt(-2 * math.log(value_at_margin))
+    return torch.where(inside, torch.ones_like(x), torch.exp(-0.5 * (distance * scale) ** 2))

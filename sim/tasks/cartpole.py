@@ -1,0 +1,70 @@
+"""Cartpole swing-up (dm_control-like): swing the pole up from hanging and balance it centred.
+
+Observation terms: `cart_position`, `pole_orientation` (cos, sin; 0 = upright), `velocities`
+(cart, pole). Reward in [0, 1] is dm_control's product: upright (cos + 1) / 2 x centred x
+small control x small velocity. Cost: 1 while the cart is beyond `cost_fraction` of the rail's
+position limit. Terminated when the cart reaches the end stop of the rail (the spec's slider
+limit), which on a real rail is a crash. Reset: cart near 0, pole near hanging, small noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mujoco
+import torch
+
+from q2real.hardware import RobotSpec
+from q2real.sim.physics import PhysicsState
+from q2real.sim.task import Task, TaskConfig, tolerance
+
+
+@dataclass
+class CartpoleConfig(TaskConfig):
+    episode_length: int = 1000
+    reset_noise: float = 0.01
+    """Std of the Gaussian noise on the initial cart position, pole angle and velocities."""
+    end_stop_margin: float = 0.05
+    """Distance (m) from the rail's limit at which the episode terminates."""
+    cost_fraction: float = 0.75
+    """Fraction of the rail limit beyond which each step costs 1."""
+
+
+class CartpoleSwingup(Task):
+    robot = "cartpole"
+    Config = CartpoleConfig
+
+    def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: CartpoleConfig, device: torch.device):
+        super().__init__(spec, model, config, device)
+        hinge = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, "hinge")
+        self._pole_q, self._pole_v = int(model.jnt_qposadr[hinge]), int(model.jnt_dofadr[hinge])
+        self._cart_q, self._cart_v = int(self.qpos_index[0]), int(self.qvel_index[0])
+        self._rail_limit = spec.joints[0].position_limits[1]
+
+    def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        noise = self.config.reset_noise
+        qpos = self._normal(gen, noise, (num_envs, self.model.nq))
+        qpos[:, self._pole_q] += math.pi
+        return qpos, self._normal(gen, noise, (num_envs, self.model.nv))
+
+    def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
+        angle = physics.qpos[:, self._pole_q : self._pole_q + 1]
+        return {
+            "cart_position": physics.qpos[:, self._cart_q : self._cart_q + 1],
+            "pole_orientation": torch.cat([torch.cos(angle), torch.sin(angle)], dim=-1),
+            "velocities": physics.qvel[:, [self._cart_v, self._pole_v]],
+        }
+
+    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        upright = (torch.cos(physics.qpos[:, self._pole_q]) + 1) / 2
+        centered = (1 + tolerance(physics.qpos[:, self._cart_q], (0.0, 0.0), 2.0)) / 2
+        small_control = (4 + tolerance(action[:, 0], (0.0, 0.0), 1.0)) / 5
+        small_velocity = (1 + tolerance(physics.qvel[:, self._pole_v], (0.0, 0.0), 5.0)) / 2
+        return upright * centered * small_control * small_velocity
+
+    def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        return (physics.qpos[:, self._cart_q].abs() > self.config.cost_fraction * self._rail_limit).float()
+
+    def terminated(self, physics: PhysicsState) -> torch.Tensor:
+        return physics.qpos[:, self._cart_q].abs() >= self._rail_limit - self.config.end_stop_margin

@@ -1,0 +1,72 @@
+"""The batched env API every q2real learner talks to, whatever simulates underneath.
+
+Stateful and batched (like gymnasium's vector envs and Isaac Lab) rather than functional (like
+Playground), because the native MuJoCo backend owns C-side state; everything crossing the API is a
+torch tensor on the training device. Actions are always in [-1, 1]; each env maps them to its own
+actuator range, so agents never need to know a robot's limits.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StepResult:
+    """One batched transition.
+
+    `next_obs` is the true successor of the observation the action was taken in, also for envs whose
+    episode just ended, while `obs` is what to act on next (the first observation of the new episode
+    there). Off-policy learners store `next_obs`; bootstrapping from `obs` after an auto-reset would
+    bootstrap from the wrong episode.
+    """
+
+    obs: torch.Tensor
+    next_obs: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    """True where the episode reached a terminal state: do not bootstrap."""
+    truncated: torch.Tensor
+    """True where the episode was cut by a time limit: bootstrap from `next_obs`."""
+    cost: torch.Tensor
+    """Per-step safety cost for constrained RL; zeros for tasks that define none."""
+    info: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def done(self) -> torch.Tensor:
+        return self.terminated | self.truncated
+
+
+class VecEnv(ABC):
+    """N environments stepped together; auto-reset on episode end."""
+
+    num_envs: int
+    obs_dim: int
+    action_dim: int
+    device: torch.device
+    obs_names: tuple[str, ...]
+    """Names of the observation terms, in order (one entry per term, see `obs_dims`)."""
+    obs_dims: tuple[int, ...]
+
+    @abstractmethod
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """Reset every env; returns observations (num_envs, obs_dim). A seed makes the run repeatable."""
+
+    @abstractmethod
+    def step(self, action: torch.Tensor) -> StepResult:
+        """Apply actions in [-1, 1] of shape (num_envs, action_dim) for one control period."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release worker threads, processes or device memory."""
+
+    def check_action(self, action: torch.Tensor) -> torch.Tensor:
+        """Reject actions of the wrong shape; clip to [-1, 1] and move to this env's device."""
+        if not isinstance(action, torch.Tensor):
+            raise TypeError(f"action: expected a torch.Tensor, got {type(action).__name__}")
+        if action.shape != (self.num_envs, self.action_dim):
+            raise ValueError(f"action: expected shape ({self.num_envs}, {self.action_dim}), got {tuple(action.shape)}")
+        return action.to(self.device, torch.float32).clamp(-1.0, 1.0)
