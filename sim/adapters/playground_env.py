@@ -32,18 +32,17 @@ class PlaygroundEnv(VecEnv):
             raise ValueError(
                 f"env.task: 'playground:{name}' is not a Playground env; known: {sorted(registry.ALL_ENVS)}"
             )
-        offline_ok = name in registry.dm_control_suite.ALL_ENVS
-        try:
-            self._env = registry.load(name, config_overrides={"impl": "jax", **config.task_params})
-        except Exception as err:
-            if offline_ok:
-                raise
-            raise RuntimeError(
-                f"env.task: 'playground:{name}' could not load its robot model: Playground's robot envs "
-                "git-clone MuJoCo Menagerie into mujoco_playground/external_deps/ at run time, which needs "
-                "network access; place a menagerie checkout there to use it offline. Its DM Control suite "
-                f"envs ({', '.join(registry.dm_control_suite.ALL_ENVS[:3])}, ...) work offline. Cause: {err}"
-            ) from err
+        if name not in registry.dm_control_suite.ALL_ENVS:
+            from mujoco_playground._src.mjx_env import MENAGERIE_PATH
+
+            if not MENAGERIE_PATH.exists():
+                raise RuntimeError(
+                    f"env.task: 'playground:{name}' needs MuJoCo Menagerie at {MENAGERIE_PATH}, which Playground "
+                    "would git-clone at run time; put a menagerie checkout there (or run once with network). "
+                    "Playground's DM Control suite envs need no download: "
+                    + ", ".join(registry.dm_control_suite.ALL_ENVS)
+                )
+        self._env = registry.load(name, config_overrides={"impl": "jax", **config.task_params})
         self.device = resolve_device(config.device)
         self.num_envs = n = config.num_envs
         self.episode_length = int(self._env._config.episode_length)

@@ -1,0 +1,34 @@
+"""Per-env episode bookkeeping on the device: returns, costs and lengths of finished episodes."""
+
+from __future__ import annotations
+
+import torch
+
+from q2real.sim.vec_env import StepResult
+
+
+class EpisodeTracker:
+    """Accumulates running and finished-episode sums as fixed-shape tensors, so tracking never forces a
+    device sync; the means are read out only when logging."""
+
+    def __init__(self, num_envs: int, device: torch.device):
+        self._running = torch.zeros(3, num_envs, device=device)  # return, cost, length
+        self._finished = torch.zeros(3, device=device)
+        self._count = torch.zeros((), device=device)
+
+    def update(self, result: StepResult) -> None:
+        self._running += torch.stack([result.reward, result.cost, torch.ones_like(result.reward)])
+        done = result.done.float()
+        self._finished += (self._running * done).sum(dim=1)
+        self._count += done.sum()
+        self._running *= 1.0 - done
+
+    def pop(self) -> dict[str, float]:
+        """Means over episodes finished since the last call; empty when none finished."""
+        count = int(self._count.item())
+        if count == 0:
+            return {}
+        ret, cost, length = (self._finished / count).tolist()
+        self._finished.zero_()
+        self._count.zero_()
+        return {"episode_return": ret, "episode_cost": cost, "episode_length": length, "episodes": count}

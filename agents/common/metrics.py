@@ -1,0 +1,115 @@
+"""Metric sinks for a run: JSONL + CSV on disk, TensorBoard, optional wandb, and the curve plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from q2real.agents.common.run_dir import LogConfig, RunDir, write_atomic
+
+
+class MetricLogger:
+    """`log(step, metrics)` fans out to every sink; `close()` writes the CSV and the curves PNG."""
+
+    def __init__(self, run: RunDir, config: LogConfig):
+        self.path = run.path
+        self._jsonl = open(self.path / "metrics.jsonl", "a", buffering=1)
+        self._start = time.monotonic()
+        self._tb = None
+        if config.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.path / "tb"))
+        self._wandb = None
+        if config.wandb != "off":
+            self._wandb = _start_wandb(run, config)
+
+    def log(self, step: int, metrics: dict[str, float]) -> dict[str, Any]:
+        record = {"step": int(step), "wall_time": round(time.monotonic() - self._start, 3), **metrics}
+        self._jsonl.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        return record
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        records = read_metrics(self.path / "metrics.jsonl")
+        write_csv(records, self.path / "metrics.csv")
+        plot_curves(records, self.path / "curves.png")
+
+
+def _start_wandb(run: RunDir, config: LogConfig):
+    try:
+        import wandb
+    except ImportError as err:
+        raise ImportError("log.wandb: wandb logging needs pip install 'q2real[wandb]'") from err
+    from q2real.configs.loader import to_dict
+
+    mode = config.wandb
+    if mode == "online" and not os.environ.get("WANDB_API_KEY") and not Path.home().joinpath(".netrc").exists():
+        mode = "offline"
+    return wandb.init(
+        project=config.wandb_project, name=run.path.name, dir=str(run.path), mode=mode, config=to_dict(run.config)
+    )
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Records from a metrics.jsonl; a line cut short by a crash is skipped, not fatal."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def write_csv(records: list[dict[str, Any]], path: Path) -> None:
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(records)
+    os.replace(tmp, path)
+
+
+def plot_curves(records: list[dict[str, Any]], path: Path, key: str = "episode_return") -> bool:
+    """Plot `key` against env steps and against wall-clock; returns False when there is nothing to plot."""
+    points = [r for r in records if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+    if not points:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    values = [r[key] for r in points]
+    for ax, x_key, label in ((axes[0], "step", "env steps"), (axes[1], "wall_time", "wall-clock (s)")):
+        ax.plot([r[x_key] for r in points], values, marker="o", markersize=3)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(key.replace("_", " "))
+    fig.suptitle(path.parent.name)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
+__all__ = ["MetricLogger", "plot_curves", "read_metrics", "write_atomic", "write_csv"]

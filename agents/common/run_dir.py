@@ -1,0 +1,89 @@
+"""Run directories: everything needed to reproduce, inspect or resume a run lives in one folder.
+
+    runs/<name>/config.yaml    resolved config (reloadable with `--preset runs/<name>/config.yaml`)
+    runs/<name>/meta.json      git SHA and dirty flag, versions, command line, start time
+    runs/<name>/metrics.jsonl  one JSON object per log step; metrics.csv mirrors it
+    runs/<name>/tb/            TensorBoard events
+    runs/<name>/curves.png     learning curves vs env steps and vs wall-clock
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from q2real.configs.loader import to_dict
+
+
+@dataclass
+class LogConfig:
+    root: str = "runs"
+    """Folder that holds run directories."""
+    name: str = ""
+    """Run directory name; empty means `<task>-<YYYYmmdd-HHMMSS>`."""
+    tensorboard: bool = True
+    wandb: Literal["off", "online", "offline"] = "off"
+    """Weights & Biases mode; `online` falls back to offline when there is no network."""
+    wandb_project: str = "q2real"
+    interval_steps: int = 10_000
+    """Env steps (summed over envs) between two metric records."""
+
+
+def git_state(path: Path) -> dict[str, Any]:
+    """SHA and dirty flag of the checkout `path` lies in, or nulls outside a git checkout."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=path, capture_output=True, text=True, timeout=10, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain") if sha else None
+    return {"git_sha": sha, "git_dirty": bool(status) if status is not None else None}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class RunDir:
+    """Creates the run folder and writes the resolved config and provenance before any work starts."""
+
+    def __init__(self, config: Any, log: LogConfig, task: str):
+        name = log.name or f"{task.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.path = Path(log.root) / name
+        if (self.path / "config.yaml").exists():
+            raise FileExistsError(f"log.name: run directory {self.path} already holds a run; choose another name")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        write_atomic(self.path / "config.yaml", yaml.safe_dump(to_dict(config), sort_keys=False))
+        meta = {
+            **git_state(Path(__file__).resolve().parent),
+            "command": sys.argv,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "versions": {p: _version(p) for p in ("q2real", "torch", "mujoco", "mujoco-mjx", "jax", "gymnasium")},
+        }
+        write_atomic(self.path / "meta.json", json.dumps(meta, indent=2))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temp file and rename, so a crash never leaves a half-written file behind."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

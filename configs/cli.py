@@ -1,0 +1,106 @@
+"""The `q2real` command: `envs`, `presets`, `rollout`; later `train`, `eval`, `export`, `deploy`, `bench`.
+
+Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
+the job's dataclass defaults; `--print-config` shows the result without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from q2real.configs.loader import ConfigError, list_presets, load, to_dict
+
+
+def _envs(args: argparse.Namespace) -> int:
+    from q2real.hardware import robot_spec
+    from q2real.sim import registry
+
+    if args.task:
+        info = registry.describe(args.task)
+        spec = robot_spec(info.robot)
+        print(f"{info.name}  (robot: {spec.name}, spec: {spec.source})\n")
+        print(info.summary, "\n")
+        print(f"control period {spec.control_period} s, {spec.control_mode} control, joints {spec.joint_names}")
+        print("default task_params:")
+        print(yaml.safe_dump(to_dict(info.config), sort_keys=False), end="")
+        return 0
+    rows = [("task", "robot", "obs", "act", "control", "episode", "backends")]
+    for name in registry.task_names():
+        info = registry.describe(name)
+        env = registry.make(task=name, num_envs=1, backend="mujoco", device="cpu")
+        spec = env.spec
+        rows.append(
+            (
+                name,
+                spec.name,
+                str(env.obs_dim),
+                str(env.action_dim),
+                f"{1 / spec.control_period:g} Hz",
+                f"{info.config.episode_length} steps",
+                "mujoco, mjx",
+            )
+        )
+        env.close()
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print("\nadapters:")
+    for prefix, text in registry.ADAPTERS.items():
+        print(f"  {prefix}:<name>  {text}")
+    return 0
+
+
+def _presets(args: argparse.Namespace) -> int:
+    for name in list_presets():
+        print(name)
+    return 0
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from q2real.agents.rollout import RolloutConfig, rollout
+
+    config = load(RolloutConfig, args.preset, args.overrides)
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        return 0
+    path = rollout(config)
+    print(f"run directory: {path}")
+    return 0
+
+
+def _job_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", help="preset name (`q2real presets`) or YAML file, applied before overrides")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. env.num_envs=256 env.task=...")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="q2real", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    envs = sub.add_parser("envs", help="list registered tasks and env adapters")
+    envs.add_argument("--task", help="show one task's description and default task_params")
+    envs.set_defaults(func=_envs)
+    sub.add_parser("presets", help="list shipped config presets").set_defaults(func=_presets)
+    roll = sub.add_parser("rollout", help="run a random or zero policy through a task and log its returns")
+    _job_arguments(roll)
+    roll.set_defaults(func=_rollout)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, ValueError, ImportError, FileExistsError) as err:
+        print(f"q2real {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"q2real {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
