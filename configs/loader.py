@@ -73,6 +73,12 @@ def _coerce(value: Any, tp: Any, source: str, key: str) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads `5e-4` (no dot) as a string; people write learning rates that way.
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)

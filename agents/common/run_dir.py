@@ -1,10 +1,10 @@
 """Run directories: everything needed to reproduce, inspect or resume a run lives in one folder.
 
-    runs/<name>/config.yaml    resolved config (reloadable with `--preset runs/<name>/config.yaml`)
-    runs/<name>/meta.json      git SHA and dirty flag, versions, command line, start time
-    runs/<name>/metrics.jsonl  one JSON object per log step; metrics.csv mirrors it
-    runs/<name>/tb/            TensorBoard events
-    runs/<name>/curves.png     learning curves vs env steps and vs wall-clock
+runs/<name>/config.yaml    resolved config (reloadable with `--preset runs/<name>/config.yaml`)
+runs/<name>/meta.json      git SHA and dirty flag, versions, command line, start time
+runs/<name>/metrics.jsonl  one JSON object per log step; metrics.csv mirrors it
+runs/<name>/tb/            TensorBoard events
+runs/<name>/curves.png     learning curves vs env steps and vs wall-clock
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class LogConfig:
 
 def git_state(path: Path) -> dict[str, Any]:
     """SHA and dirty flag of the checkout `path` lies in, or nulls outside a git checkout."""
+
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=path, capture_output=True, text=True, timeout=10, check=True)

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import torch
+
+from q2real.agents.common.episodes import EpisodeTracker
+from q2real.agents.common.metrics import plot_curves, read_metrics, write_csv
+from q2real.agents.common.progress import Progress
+from q2real.sim.vec_env import StepResult
+
+
+def _result(reward, done):
+    reward = torch.tensor(reward, dtype=torch.float32)
+    done = torch.tensor(done)
+    return StepResult(reward[:, None], reward[:, None], reward, done, torch.zeros_like(done), reward * 0.5)
+
+
+def test_episode_tracker_reports_means_of_finished_episodes() -> None:
+    tracker = EpisodeTracker(2, torch.device("cpu"))
+    tracker.update(_result([1.0, 2.0], [False, True]))
+    tracker.update(_result([3.0, 5.0], [True, False]))
+    stats = tracker.pop()
+    assert stats == {"episode_return": 3.0, "episode_cost": 1.5, "episode_length": 1.5, "episodes": 2}
+    assert tracker.pop() == {}
+    tracker.update(_result([1.0, 1.0], [False, True]))
+    assert tracker.pop()["episode_return"] == 6.0  # env 1: 5 + 1 over its second episode
+
+
+def test_metrics_survive_a_torn_last_line_and_plot(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "wall_time": 0.1, "episode_return": 1.0}\n{"step": 2, "wall_time": 0.2, "episode_ret')
+    records = read_metrics(path)
+    assert records == [{"step": 1, "wall_time": 0.1, "episode_return": 1.0}]
+    write_csv(records + [{"step": 3, "wall_time": 0.3, "loss": 2.0}], tmp_path / "m.csv")
+    assert (tmp_path / "m.csv").read_text().splitlines()[0] == "step,wall_time,episode_return,loss"
+    assert plot_curves(records, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert not plot_curves([{"step": 1, "wall_time": 0.0}], tmp_path / "none.png")
+
+
+def test_progress_prints_plain_lines_when_not_a_terminal() -> None:
+    stream = io.StringIO()
+    progress = Progress(100, "demo", stream=stream, plain_interval_s=0.0)
+    progress.update(50, episode_return=1.5)
+    progress.update(50)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("demo: 50/100 steps (50%)") and "steps/s" in lines[0] and "ETA" in lines[0]
+    assert "episode_return=1.5" in lines[0] and lines[-1].startswith("demo: 100/100 steps (100%)")

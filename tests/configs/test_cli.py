@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from q2real.agents.common.metrics import read_metrics
+from q2real.configs.cli import main
+from q2real.sim.registry import task_names
+
+
+def test_envs_lists_every_task_and_adapter(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    for name in task_names():
+        assert name in out
+    assert "gymnasium:<name>" in out and "playground:<name>" in out
+
+
+def test_envs_task_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["envs", "--task", "cartpole_swingup"]) == 0
+    out = capsys.readouterr().out
+    assert "episode_length: 1000" in out and "hardware/cartpole/robot.yaml" in out
+
+
+def test_rollout_writes_a_complete_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["rollout", "env.task=pendulum_swingup", "env.num_envs=16", "env.backend=mujoco", "total_steps=2048"]
+    args += ["env.task_params.episode_length=50", f"log.root={tmp_path}", "log.name=r", "log.interval_steps=512"]
+    assert main(args) == 0
+    run = tmp_path / "r"
+    assert {"config.yaml", "meta.json", "metrics.jsonl", "metrics.csv", "curves.png", "tb"} <= {
+        p.name for p in run.iterdir()
+    }
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["env"]["num_envs"] == 16 and config["total_steps"] == 2048
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["versions"]["mujoco"] == "3.9.0" and "git_sha" in meta
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [512, 1024, 1536, 2048]
+    finished = [r for r in records if "episode_return" in r]
+    assert len(finished) == 2 and all(r["episode_length"] == 50 and r["episodes"] == 16 for r in finished)
+    assert 0 <= records[-1]["episode_return"] <= 50  # reward per step lies in [0, 1]
+    assert (run / "metrics.csv").read_text().startswith("step,wall_time,steps_per_second")
+    # Resolved config reloads as a preset and reproduces the same config.
+    assert main(["rollout", "--preset", str(run / "config.yaml"), "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out.split("run directory")[-1].split("\n", 1)[1]) == config
+    # A second run into the same name is refused rather than overwriting it.
+    assert main(args) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_bad_override_exits_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rollout", "env.num_envs=many"]) == 2
+    assert "command line: env.num_envs: expected an integer, got 'many'" in capsys.readouterr().err
+    assert main(["rollout", "env.task=nope"]) == 2
+    assert "env.task: unknown task 'nope'" in capsys.readouterr().err

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from q2real.agents.rollout import RolloutConfig
+from q2real.configs.loader import ConfigError, list_presets, load, merge, parse_overrides, to_dict
+
+
+@dataclass
+class Inner:
+    lr: float = 3e-4
+    sizes: tuple[int, ...] = (256, 256)
+    span: tuple[float, float] = (0.0, 1.0)
+
+
+@dataclass
+class Outer:
+    name: str = "x"
+    mode: Literal["a", "b"] = "a"
+    steps: int = 10
+    flag: bool = False
+    limit: float | None = None
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_layers_apply_in_order(tmp_path: Path) -> None:
+    preset = tmp_path / "p.yaml"
+    preset.write_text("steps: 20\ninner:\n  lr: 1.0e-3\n")
+    config = load(Outer, str(preset), ["inner.lr=5e-4", "inner.sizes=[64,64,64]", "limit=2"])
+    assert config.steps == 20
+    assert config.inner.lr == 5e-4
+    assert config.inner.sizes == (64, 64, 64)
+    assert config.limit == 2.0 and isinstance(config.limit, float)
+    assert config.inner.span == (0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["stepz=3"], "command line: stepz: unknown key; Outer has"),
+        (["inner.momentum=0.9"], "command line: inner.momentum: unknown key; Inner has"),
+        (["steps=1.5"], "command line: steps: expected an integer, got 1.5"),
+        (["flag=yes please"], "command line: flag: expected true or false"),
+        (["mode=c"], "command line: mode: expected one of ['a', 'b'], got 'c'"),
+        (["inner.span=[1,2,3]"], "command line: inner.span: expected 2 items, got 3"),
+        (["inner.sizes=[64,x]"], "command line: inner.sizes[1]: expected an integer, got 'x'"),
+        (["inner=3"], "command line: inner: expected a mapping"),
+        (["steps"], "command line: 'steps': expected key=value"),
+        (["limit=abc"], "command line: limit: expected a number, got 'abc'"),
+    ],
+)
+def test_bad_overrides_name_key_and_source(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(Outer, None, overrides)
+    assert message in str(err.value)
+
+
+def test_preset_errors_name_the_file(tmp_path: Path) -> None:
+    preset = tmp_path / "bad.yaml"
+    preset.write_text("inner:\n  lr: fast\n")
+    with pytest.raises(ConfigError, match=rf"{preset}: inner.lr: expected a number, got 'fast'"):
+        load(Outer, str(preset))
+    with pytest.raises(ConfigError, match="no shipped preset; shipped:"):
+        load(Outer, "does_not_exist")
+
+
+def test_round_trip_through_plain_dict() -> None:
+    config = load(Outer, None, ["inner.sizes=[8]", "mode=b"])
+    assert merge(Outer(), to_dict(config), "dict") == config
+
+
+def test_parse_overrides_nests_and_parses_yaml() -> None:
+    assert parse_overrides(["a.b=1", "a.c=[1, 2]", "d=true", "e="]) == {"a": {"b": 1, "c": [1, 2]}, "d": True, "e": ""}
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_shipped_presets_resolve(name: str) -> None:
+    load(RolloutConfig, name)
+
+
+def test_env_task_params_are_checked_against_the_task_config() -> None:
+    from q2real.sim import make
+
+    with pytest.raises(ConfigError, match="env: task_params.episode_lenght: unknown key"):
+        make(task="pendulum_swingup", num_envs=1, backend="mujoco", task_params={"episode_lenght": 3})

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import mujoco
+import numpy as np
+import pytest
+import yaml
+
+from q2real.hardware import SpecError, load_spec, robot_spec
+from q2real.hardware.spec import HARDWARE_DIR
+
+SHIPPED = sorted(p.parent.name for p in HARDWARE_DIR.glob("*/robot.yaml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_specs_load_and_constrain_their_models(name: str) -> None:
+    spec = robot_spec(name)
+    model = spec.load_model()
+    assert spec.substeps(model) >= 1
+    for joint in spec.joints:
+        jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint.name)
+        lo, hi = joint.position_limits
+        if np.isfinite(lo):
+            assert tuple(model.jnt_range[jid]) == (lo, hi) and model.jnt_limited[jid]
+        act = [a for a in range(model.nu) if model.actuator_trnid[a, 0] == jid][0]
+        assert tuple(model.actuator_forcerange[act]) == (-joint.effort_limit, joint.effort_limit)
+    assert len(spec.sha256) == 64
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    (tmp_path / "model.xml").write_text((HARDWARE_DIR / "cartpole" / "model.xml").read_text())
+    path = tmp_path / "robot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _good() -> dict:
+    return yaml.safe_load((HARDWARE_DIR / "cartpole" / "robot.yaml").read_text())
+
+
+def _set(data: dict, dotted: str, value) -> dict:
+    node = data
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if value is _DELETE:
+        del node[keys[-1]]
+    else:
+        node[keys[-1]] = value
+    return data
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("control_period", _DELETE, "missing required field 'control_period'"),
+        ("control_mode", "velocity", "control_mode: expected 'torque' or 'position'"),
+        ("control_period", 0.0123, "control_period: 0.0123 s is not a whole multiple"),
+        ("model", "missing.xml", "model: file"),
+        ("gains", 1, "unknown field(s) ['gains']"),
+        ("joints", [], "joints: expected a non-empty list"),
+        ("joints.0.velocity_limit", -1.0, "joints[0](slider).velocity_limit: expected a finite number > 0"),
+        ("joints.0.effort_limit", "ten", "joints[0](slider).effort_limit: expected a number"),
+        ("joints.0.position_limits", [1.0, -1.0], "position_limits: lower 1.0 must be below upper -1.0"),
+        ("joints.0.default_position", 5.0, "default_position: 5.0 lies outside position_limits"),
+        ("joints.0.name", "elbow", "joints.elbow: no joint of that name"),
+        ("joints.0.kp", -3.0, "kp: expected a finite number >= 0"),
+        ("joints.0.stiffness", 3.0, "unknown field(s) ['stiffness']"),
+    ],
+)
+def test_bad_specs_name_file_and_field(tmp_path: Path, field: str, value, message: str) -> None:
+    path = _write(tmp_path, _set(_good(), field, value))
+    with pytest.raises(SpecError) as err:
+        spec = load_spec(path)
+        spec.substeps(spec.load_model())
+    assert str(path) in str(err.value)
+    assert message in str(err.value)
+
+
+def test_position_mode_requires_gains_and_writes_them_into_the_model(tmp_path: Path) -> None:
+    data = _set(_good(), "control_mode", "position")
+    with pytest.raises(SpecError, match=r"kp: position-controlled joints need kp > 0"):
+        load_spec(_write(tmp_path, data))
+    data["joints"][0].update(kp=40.0, kd=2.0)
+    model = load_spec(_write(tmp_path, data)).load_model()
+    assert model.actuator_gainprm[0, 0] == 40.0
+    assert tuple(model.actuator_biasprm[0, :3]) == (0.0, -40.0, -2.0)
+
+
+def test_unknown_robot_lists_shipped_specs() -> None:
+    with pytest.raises(SpecError, match="shipped specs: .*cartpole"):
+        robot_spec("t800")
