@@ -55,7 +55,10 @@ def test_task_on_backend(task: str, backend: str) -> None:
     # Seeded determinism: a repeat is identical, another seed is not.
     again_first, again = _roll(short, actions, seed=7)
     assert torch.equal(again_first, first)
-    assert all(torch.equal(a.next_obs, b.next_obs) and torch.equal(a.reward, b.reward) for a, b in zip(again, steps, strict=True))
+    assert all(
+        torch.equal(a.next_obs, b.next_obs) and torch.equal(a.reward, b.reward)
+        for a, b in zip(again, steps, strict=True)
+    )
     other_first, _ = _roll(short, actions, seed=8)
     assert not torch.equal(other_first, first)
     short.close()
