@@ -69,10 +69,10 @@ class TaskEnv(VecEnv):
         return mask.to(self.device), qpos, qvel
 
     def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
-        std = self.config.randomization.obs_noise_std
-        if std > 0:
-            obs = obs + std * torch.randn(obs.shape, generator=self._gen, device=self.device)
-        return obs + self._obs_bias
+        dr = self.config.randomization
+        if dr.obs_noise_std > 0:
+            obs = obs + dr.obs_noise_std * torch.randn(obs.shape, generator=self._gen, device=self.device)
+        return obs + self._obs_bias if dr.obs_bias > 0 else obs
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         if seed is not None:
@@ -83,10 +83,11 @@ class TaskEnv(VecEnv):
         return self._noisy(self.task.observe(physics))
 
     def step(self, action: torch.Tensor) -> StepResult:
-        action = self.check_action(action)
-        self._action_queue = torch.roll(self._action_queue, 1, dims=1)
-        self._action_queue[:, 0] = action
-        applied = self._action_queue[self._rows, self._latency]
+        applied = self.check_action(action)
+        if self._action_queue.shape[1] > 1:
+            self._action_queue = torch.roll(self._action_queue, 1, dims=1)
+            self._action_queue[:, 0] = applied
+            applied = self._action_queue[self._rows, self._latency]
         physics = self.backend.step(self.task.action_to_ctrl(applied))
         true_obs = self.task.observe(physics)
         diverged = ~torch.isfinite(true_obs).all(dim=-1)

@@ -100,11 +100,9 @@ class Task(ABC):
 def tolerance(
     x: torch.Tensor, bounds: tuple[float, float], margin: float, value_at_margin: float = 0.1
 ) -> torch.Tensor:
-    """1 inside `bounds`, falling off as a Gaussian to `value_at_margin` at `margin` outside (dm_control's shape)."""
-    lo, hi = bounds
-    inside = (x >= lo) & (x <= hi)
+    """1 inside `bounds`, a Gaussian fall-off to `value_at_margin` at `margin` outside (dm_control's shape)."""
+    distance = x - x.clamp(*bounds)
     if margin == 0:
-        return inside.float()
-    distance = torch.where(x < lo, lo - x, x - hi) / margin
-    scale = math.sqrt(-2 * math.log(value_at_margin))
-    return torch.where(inside, torch.ones_like(x), torch.exp(-0.5 * (distance * scale) ** 2))
+        return (distance == 0).float()
+    scale = math.sqrt(-2 * math.log(value_at_margin)) / margin
+    return torch.exp(-0.5 * (distance * scale) ** 2)
