@@ -97,7 +97,8 @@ class RobotSpec:
         return round(ratio)
 
 
-def _actuator_for_joint(model: mujoco.MjModel, joint_id: int) -> int | None:
+def actuator_for_joint(model: mujoco.MjModel, joint_id: int) -> int | None:
+    """Index of the actuator that drives `joint_id` directly, or None."""
     for act in range(model.nu):
         if model.actuator_trntype[act] == mujoco.mjtTrn.mjTRN_JOINT and model.actuator_trnid[act, 0] == joint_id:
             return act
@@ -114,7 +115,7 @@ def apply_to_model(spec: RobotSpec, model: mujoco.MjModel) -> None:
         jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint.name)
         if jid < 0:
             raise SpecError(f"{spec.source}: joints.{joint.name}: no joint of that name in {spec.model_path.name}")
-        act = _actuator_for_joint(model, jid)
+        act = actuator_for_joint(model, jid)
         if act is None:
             raise SpecError(f"{spec.source}: joints.{joint.name}: no actuator drives it in {spec.model_path.name}")
         lo, hi = joint.position_limits

@@ -10,6 +10,7 @@ import mujoco
 import torch
 
 from q2real.hardware import RobotSpec
+from q2real.hardware.spec import actuator_for_joint
 from q2real.sim.physics import PhysicsState
 
 
@@ -41,7 +42,7 @@ class Task(ABC):
         joint_ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in spec.joint_names]
         self.qpos_index = torch.tensor([model.jnt_qposadr[j] for j in joint_ids], device=device)
         self.qvel_index = torch.tensor([model.jnt_dofadr[j] for j in joint_ids], device=device)
-        act_ids = [self._actuator(model, j) for j in joint_ids]
+        act_ids = [actuator_for_joint(model, j) for j in joint_ids]
         if act_ids != list(range(model.nu)):
             raise ValueError(f"{spec.source}: joints must list one actuated joint per actuator, in actuator order")
         gear = torch.tensor(model.actuator_gear[:, 0], dtype=torch.float32, device=device)
@@ -53,11 +54,6 @@ class Task(ABC):
         else:
             self._ctrl_scale = torch.minimum(limits[:, 1] - default, default - limits[:, 0]).clamp(max=math.pi)
             self._ctrl_offset = default
-
-    @staticmethod
-    def _actuator(model: mujoco.MjModel, joint_id: int) -> int:
-        matches = [a for a in range(model.nu) if model.actuator_trnid[a, 0] == joint_id]
-        return matches[0] if matches else -1
 
     @property
     def action_dim(self) -> int:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from q2real.agents.common.run_dir import LogConfig, RunDir, write_atomic
+from q2real.agents.common.run_dir import LogConfig, RunDir
 
 
 class MetricLogger:
@@ -111,5 +111,3 @@ def plot_curves(records: list[dict[str, Any]], path: Path, key: str = "episode_r
     os.replace(tmp, path)
     return True
 
-
-__all__ = ["MetricLogger", "plot_curves", "read_metrics", "write_atomic", "write_csv"]
