@@ -1,4 +1,4 @@
-"""The `q2real` command: `envs`, `presets`, `rollout`; later `train`, `eval`, `export`, `deploy`, `bench`.
+"""The `q2real` command: `train`, `eval`, `envs`, `presets`, `rollout`.
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
@@ -71,6 +71,52 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from q2real.agents.common.guard import NonFiniteError
+    from q2real.agents.train import TrainConfig, Trainer
+
+    resume = Path(args.resume) if args.resume else None
+    preset = args.preset
+    if resume is not None:
+        if preset:
+            raise ConfigError("--resume takes the run's own config.yaml; pass changes as overrides, not --preset")
+        if not (resume / "checkpoint.pt").is_file():
+            raise ConfigError(f"--resume {resume}: no checkpoint.pt in that directory")
+        preset = str(resume / "config.yaml")
+    config = load(TrainConfig, preset, args.overrides)
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        return 0
+    trainer = Trainer(config, resume=resume)
+    try:
+        trainer.run()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted at env step {trainer.step}; checkpoint written to {trainer.last_checkpoint}")
+        print(f"continue with: q2real train --resume {trainer.path}", file=sys.stderr)
+        return 130
+    except NonFiniteError as err:
+        print(f"q2real train: {err}", file=sys.stderr)
+        return 3
+    print(f"run directory: {trainer.path}")
+    print(f"learning curve: {trainer.path / 'curves.png'}")
+    print(f"checkpoint: {trainer.last_checkpoint}")
+    print(f"final evaluation: mean return {trainer.last_eval:.1f} over {config.eval_envs} episodes")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from q2real.agents.evaluation import evaluate_run
+
+    returns = evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed)
+    print(
+        f"{args.run_dir}: mean return {returns.mean():.2f} +- {returns.std():.2f} "
+        f"(min {returns.min():.2f}, max {returns.max():.2f}) over {returns.numel()} episodes"
+    )
+    return 0
+
+
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", help="preset name (`q2real presets`) or YAML file, applied before overrides")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -80,6 +126,15 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="q2real", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a learner (default: SAC on pendulum swing-up)")
+    _job_arguments(train)
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
+    train.set_defaults(func=_train)
+    evaluation = sub.add_parser("eval", help="roll out a trained run's deterministic policy and report returns")
+    evaluation.add_argument("run_dir", metavar="RUN_DIR")
+    evaluation.add_argument("--episodes", type=int, default=20)
+    evaluation.add_argument("--seed", type=int, default=12345)
+    evaluation.set_defaults(func=_eval)
     envs = sub.add_parser("envs", help="list registered tasks and env adapters")
     envs.add_argument("--task", help="show one task's description and default task_params")
     envs.set_defaults(func=_envs)
@@ -94,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ValueError, ImportError, FileExistsError) as err:
+    except (ConfigError, ValueError, ImportError, FileExistsError, FileNotFoundError) as err:
         print(f"q2real {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

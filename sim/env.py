@@ -112,5 +112,19 @@ class TaskEnv(VecEnv):
             result.obs = torch.where(done[:, None], self._noisy(self.task.observe(physics)), next_obs)
         return result
 
+    def state_dict(self) -> dict:
+        return {
+            "physics": self.backend.full_state(),
+            "steps": self._steps.cpu(),
+            "action_queue": self._action_queue.cpu(),
+            "generator": self._gen.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.backend.load_full_state(state["physics"])
+        self._steps.copy_(state["steps"])
+        self._action_queue.copy_(state["action_queue"])
+        self._gen.set_state(state["generator"])
+
     def close(self) -> None:
         self.backend.close()

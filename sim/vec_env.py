@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -62,6 +63,14 @@ class VecEnv(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release worker threads, processes or device memory."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Everything needed to continue the current episodes exactly, or None where the env cannot
+        export it (a resumed run then starts fresh episodes)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot restore episodes")
 
     def check_action(self, action: torch.Tensor) -> torch.Tensor:
         """Reject actions of the wrong shape; clip to [-1, 1] and move to this env's device."""

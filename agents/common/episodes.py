@@ -32,3 +32,11 @@ class EpisodeTracker:
         self._finished.zero_()
         self._count.zero_()
         return {"episode_return": ret, "episode_cost": cost, "episode_length": length, "episodes": count}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"running": self._running, "finished": self._finished, "count": self._count}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self._running.copy_(state["running"])
+        self._finished.copy_(state["finished"])
+        self._count.copy_(state["count"])

@@ -16,10 +16,10 @@ from q2real.agents.common.run_dir import LogConfig, RunDir
 class MetricLogger:
     """`log(step, metrics)` fans out to every sink; `close()` writes the CSV and the curves PNG."""
 
-    def __init__(self, run: RunDir, config: LogConfig):
+    def __init__(self, run: RunDir, config: LogConfig, elapsed: float = 0.0):
         self.path = run.path
         self._jsonl = open(self.path / "metrics.jsonl", "a", buffering=1)
-        self._start = time.monotonic()
+        self._start = time.monotonic() - elapsed
         self._tb = None
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -29,8 +29,13 @@ class MetricLogger:
         if config.wandb != "off":
             self._wandb = _start_wandb(run, config)
 
+    @property
+    def elapsed(self) -> float:
+        """Wall-clock seconds of the run, across resumes."""
+        return time.monotonic() - self._start
+
     def log(self, step: int, metrics: dict[str, float]) -> dict[str, Any]:
-        record = {"step": int(step), "wall_time": round(time.monotonic() - self._start, 3), **metrics}
+        record = {"step": int(step), "wall_time": round(self.elapsed, 3), **metrics}
         self._jsonl.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for key, value in metrics.items():
@@ -86,10 +91,17 @@ def write_csv(records: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def plot_curves(records: list[dict[str, Any]], path: Path, key: str = "episode_return") -> bool:
-    """Plot `key` against env steps and against wall-clock; returns False when there is nothing to plot."""
-    points = [r for r in records if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
-    if not points:
+def plot_curves(
+    records: list[dict[str, Any]], path: Path, keys: tuple[str, ...] = ("episode_return", "eval_return")
+) -> bool:
+    """Plot each of `keys` present in the records against env steps and against wall-clock; returns
+    False when there is nothing to plot."""
+    series = {}
+    for key in keys:
+        points = [r for r in records if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+        if points:
+            series[key] = points
+    if not series:
         return False
     import matplotlib
 
@@ -97,12 +109,14 @@ def plot_curves(records: list[dict[str, Any]], path: Path, key: str = "episode_r
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    values = [r[key] for r in points]
-    for ax, x_key, label in ((axes[0], "step", "env steps"), (axes[1], "wall_time", "wall-clock (s)")):
-        ax.plot([r[x_key] for r in points], values, marker="o", markersize=3)
+    for key, points in series.items():
+        for ax, x_key in ((axes[0], "step"), (axes[1], "wall_time")):
+            ax.plot([r[x_key] for r in points], [r[key] for r in points], marker="o", markersize=3, label=key)
+    for ax, label in ((axes[0], "env steps"), (axes[1], "wall-clock (s)")):
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(key.replace("_", " "))
+    axes[0].set_ylabel("return")
+    axes[0].legend()
     fig.suptitle(path.parent.name)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
@@ -110,4 +124,3 @@ def plot_curves(records: list[dict[str, Any]], path: Path, key: str = "episode_r
     plt.close(fig)
     os.replace(tmp, path)
     return True
-

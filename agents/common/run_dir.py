@@ -63,21 +63,31 @@ def _version(package: str) -> str | None:
 class RunDir:
     """Creates the run folder and writes the resolved config and provenance before any work starts."""
 
-    def __init__(self, config: Any, log: LogConfig, task: str):
-        name = log.name or f"{task.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
-        self.path = Path(log.root) / name
-        if (self.path / "config.yaml").exists():
-            raise FileExistsError(f"log.name: run directory {self.path} already holds a run; choose another name")
+    def __init__(self, config: Any, log: LogConfig, task: str, resume: Path | None = None):
+        """A new run directory, or with `resume` the existing one, whose meta.json then records the resume."""
+        if resume is None:
+            name = log.name or f"{task.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+            self.path = Path(log.root) / name
+            if (self.path / "config.yaml").exists():
+                raise FileExistsError(f"log.name: run directory {self.path} already holds a run; choose another name")
+        else:
+            self.path = Path(resume)
         self.path.mkdir(parents=True, exist_ok=True)
         self.config = config
         write_atomic(self.path / "config.yaml", yaml.safe_dump(to_dict(config), sort_keys=False))
-        meta = {
+        session = {
             **git_state(Path(__file__).resolve().parent),
             "command": sys.argv,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "versions": {p: _version(p) for p in ("q2real", "torch", "mujoco", "mujoco-mjx", "jax", "gymnasium")},
         }
-        write_atomic(self.path / "meta.json", json.dumps(meta, indent=2))
+        meta_path = self.path / "meta.json"
+        if resume is not None and meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            meta.setdefault("resumes", []).append(session)
+        else:
+            meta = session
+        write_atomic(meta_path, json.dumps(meta, indent=2))
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -75,5 +75,16 @@ class MjxBackend:
         )
         return self._view()
 
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every leaf of the batched mjx.Data, for checkpoints."""
+        leaves = jax.tree.leaves(self._data)
+        return {f"leaf_{i}": torch.from_dlpack(leaf).cpu().clone() for i, leaf in enumerate(leaves)}
+
+    def load_full_state(self, state: dict[str, torch.Tensor]) -> PhysicsState:
+        treedef = jax.tree.structure(self._data)
+        leaves = [jnp.asarray(state[f"leaf_{i}"].numpy()) for i in range(treedef.num_leaves)]
+        self._data = jax.tree.unflatten(treedef, leaves)
+        return self._view()
+
     def close(self) -> None:
         self._data = None

@@ -105,5 +105,14 @@ class NativeBackend:
                 self._sensor[row] = data.sensordata
         return self._view()
 
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Exact (float64) physics state of every env, for checkpoints."""
+        return {"state": torch.from_numpy(self._state.copy()), "sensor": torch.from_numpy(self._sensor.copy())}
+
+    def load_full_state(self, state: dict[str, torch.Tensor]) -> PhysicsState:
+        self._state[:] = state["state"].numpy()
+        self._sensor[:] = state["sensor"].numpy()
+        return self._view()
+
     def close(self) -> None:
         self._pool.close()

@@ -1,0 +1,191 @@
+"""The update every off-policy actor-critic here shares; algorithms fill in four pieces.
+
+An algorithm subclasses `ActorCritic` and provides: its actor, the exploration rule (`explore`),
+the bootstrap action and entropy bonus (`target_action`), and the actor loss (`actor_loss`, plus
+any extra losses such as SAC's temperature). The critic ensemble, value head (scalar or C51),
+n-step targets, observation normalization, reward scaling, delayed actor updates, Polyak averaging
+and FlashSAC's weight projection live here once.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from q2real.agents.common.heads import CategoricalHead, ScalarHead
+from q2real.agents.common.networks import Critic, Trunk, polyak, project_weights
+from q2real.agents.common.normalizer import ObsNormalizer, ReturnScaler
+from q2real.agents.common.replay import Batch
+from q2real.sim.vec_env import StepResult
+
+
+@dataclass
+class ActorCriticConfig:
+    """Settings shared by every actor-critic learner."""
+
+    gamma: float = 0.99
+    tau: float = 0.005
+    """Polyak rate of the target critic."""
+    batch_size: int = 256
+    n_step: int = 1
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    weight_decay: float = 0.0
+    """AdamW weight decay (0 = Adam)."""
+    actor_hidden: tuple[int, ...] = (256, 256)
+    critic_hidden: tuple[int, ...] = (256, 256)
+    """Layer widths; for the `flash` trunk, one entry per inverted-residual block."""
+    network: Trunk = "mlp"
+    num_critics: int = 2
+    policy_delay: int = 1
+    """Critic updates per actor update."""
+    critic_head: Literal["scalar", "categorical"] = "scalar"
+    huber: bool = False
+    """Huber instead of squared TD error (scalar head)."""
+    num_atoms: int = 101
+    v_min: float = -250.0
+    v_max: float = 250.0
+    normalize_obs: bool = True
+    scale_rewards: bool = False
+    """FlashSAC return-based reward scaling (pairs with a categorical head on [-v_max, v_max])."""
+    project_weights: bool = False
+    """Project weight rows to unit norm after each step (FlashSAC; needs network=flash)."""
+    max_grad_norm: float = 0.0
+    """Clip gradient norm (0 = off)."""
+
+    def validate(self, where: str) -> None:
+        checks = [
+            (0 < self.gamma <= 1, "gamma", "in (0, 1]"),
+            (0 < self.tau <= 1, "tau", "in (0, 1]"),
+            (self.batch_size >= 2, "batch_size", ">= 2"),
+            (self.n_step >= 1, "n_step", ">= 1"),
+            (self.num_critics >= 1, "num_critics", ">= 1"),
+            (self.policy_delay >= 1, "policy_delay", ">= 1"),
+            (self.v_min < self.v_max, "v_min", "< v_max"),
+            (len(self.actor_hidden) > 0 and len(self.critic_hidden) > 0, "actor_hidden/critic_hidden", "non-empty"),
+            (not self.project_weights or self.network == "flash", "project_weights", "used with network=flash"),
+        ]
+        for ok, key, expected in checks:
+            if not ok:
+                raise ValueError(f"{where}.{key}: expected {expected}, got {getattr(self, key, None)!r}")
+
+
+def _optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    params = list(params)
+    fused = all(p.device.type in ("cpu", "cuda") for p in params)
+    if weight_decay > 0:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
+    return torch.optim.Adam(params, lr=lr, fused=fused)
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, config: ActorCriticConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
+        super().__init__()
+        self.config, self.obs_dim, self.action_dim = config, obs_dim, action_dim
+        self.obs_norm = ObsNormalizer(obs_dim, enabled=config.normalize_obs)
+        self.return_scale = ReturnScaler(num_envs, config.gamma, config.v_max, enabled=config.scale_rewards)
+        if config.critic_head == "categorical":
+            self.head: ScalarHead | CategoricalHead = CategoricalHead(config.num_atoms, config.v_min, config.v_max)
+        else:
+            self.head = ScalarHead(config.huber)
+        self.critic = Critic(
+            obs_dim, action_dim, config.critic_hidden, config.network, config.num_critics, self.head.out_features
+        )
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.actor = self.build_actor()
+        self.to(device)
+        self.device = device
+        self.critic_optim = _optimizer(self.critic.parameters(), config.critic_lr, config.weight_decay)
+        self.actor_optim = _optimizer(self.actor.parameters(), config.actor_lr, config.weight_decay)
+        self.updates = 0
+
+    # --- pieces an algorithm provides -------------------------------------------------------------
+    @abstractmethod
+    def build_actor(self) -> nn.Module:
+        """The policy network; `actor(normalized_obs)` must return the deterministic action in [-1, 1]."""
+
+    @abstractmethod
+    def explore(self, obs: torch.Tensor) -> torch.Tensor:
+        """Exploratory actions for collection, from normalized observations."""
+
+    @abstractmethod
+    def target_action(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bootstrap action a' at s' and the bonus added to the target value (e.g. -alpha log pi)."""
+
+    @abstractmethod
+    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Actor (and any auxiliary, e.g. temperature) loss on normalized observations."""
+
+    def after_actor_step(self) -> None:
+        """Hook after the actor optimizer step (e.g. SAC's temperature update)."""
+
+    def on_step(self, result: StepResult) -> None:
+        """Called once per env step with its result (episode-based exploration state)."""
+
+    def extra_state(self) -> dict:
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        del state
+
+    # --- shared machinery -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        """Actions in [-1, 1] for raw observations. The actor runs in eval mode, so BatchNorm layers use
+        their running statistics rather than those of whatever batch of envs is acting."""
+        training = self.actor.training
+        self.actor.eval()
+        normalized = self.obs_norm(obs)
+        action = self.actor(normalized) if deterministic else self.explore(normalized)
+        self.actor.train(training)
+        return action
+
+    def observe(self, result: StepResult) -> None:
+        """Update running statistics from what the envs returned."""
+        self.obs_norm.update(result.next_obs)
+        self.return_scale.update(result.reward, result.done)
+        self.on_step(result)
+
+    def _step(self, optim: torch.optim.Optimizer, loss: torch.Tensor, module: nn.Module) -> None:
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.max_grad_norm > 0:
+            nn.utils.clip_grad_norm_(module.parameters(), self.config.max_grad_norm)
+        optim.step()
+        if self.config.project_weights:
+            project_weights(module)
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One critic step, an actor step every `policy_delay` updates, then Polyak averaging."""
+        cfg = self.config
+        obs, next_obs = self.obs_norm(batch.obs), self.obs_norm(batch.next_obs)
+        reward = batch.reward / self.return_scale.scale()
+        with torch.no_grad():
+            next_action, bonus = self.target_action(next_obs)
+            target_out = self.critic_target(next_obs, next_action)
+        out = self.critic(obs, batch.action)
+        critic_loss = self.head.loss(out, target_out, reward, batch.discount, bonus)
+        self._step(self.critic_optim, critic_loss, self.critic)
+        metrics = {"critic_loss": critic_loss.detach()}
+        if self.updates % cfg.policy_delay == 0:
+            self.critic.requires_grad_(False)
+            actor_loss, extra = self.actor_loss(obs)
+            self._step(self.actor_optim, actor_loss, self.actor)
+            self.critic.requires_grad_(True)
+            self.after_actor_step()
+            metrics.update(actor_loss=actor_loss.detach(), **extra)
+        polyak(self.critic_target, self.critic, cfg.tau)
+        self.updates += 1
+        return metrics
+
+    def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Q_i(s, a) of every critic member, (E, B), on normalized observations."""
+        return self.head.q(self.critic(obs, action))
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor": self.actor_optim, "critic": self.critic_optim}

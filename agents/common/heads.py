@@ -1,0 +1,86 @@
+"""Critic value heads: how critic outputs become Q-values and how TD targets become a loss.
+
+`ScalarHead` is the usual regression critic; `CategoricalHead` is the C51 distributional critic
+(Bellemare et al. 2017) used by FastTD3 and FlashSAC. Both take the same inputs, so SAC and TD3 pick
+either by config without knowing which.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ScalarHead(nn.Module):
+    out_features = 1
+
+    def __init__(self, huber: bool = False):
+        super().__init__()
+        self.huber = huber
+
+    def q(self, out: torch.Tensor) -> torch.Tensor:
+        """(E, B, 1) -> (E, B)."""
+        return out.squeeze(-1)
+
+    def loss(
+        self,
+        out: torch.Tensor,
+        target_out: torch.Tensor,
+        reward: torch.Tensor,
+        discount: torch.Tensor,
+        bonus: torch.Tensor,
+    ) -> torch.Tensor:
+        """Clipped double-Q TD loss (Fujimoto et al. 2018, eq. 10): y = r + discount * (min_i Q'_i + bonus),
+        where `bonus` is -alpha log pi(a'|s') for SAC (Haarnoja et al. 2018, eq. 3) and 0 for TD3;
+        `discount` is gamma^n, or 0 after a terminal state."""
+        with torch.no_grad():
+            y = reward + discount * (self.q(target_out).min(dim=0).values + bonus)
+        error = self.q(out) - y
+        per_member = (
+            nn.functional.huber_loss(error, torch.zeros_like(error), reduction="none") if self.huber else error.pow(2)
+        )
+        return per_member.mean(dim=1).sum()
+
+
+class CategoricalHead(nn.Module):
+    """Fixed support of `num_atoms` values in [v_min, v_max]; Q = E[z]."""
+
+    def __init__(self, num_atoms: int, v_min: float, v_max: float):
+        super().__init__()
+        self.out_features = num_atoms
+        self.register_buffer("atoms", torch.linspace(v_min, v_max, num_atoms))
+        self.v_min, self.v_max = v_min, v_max
+
+    def q(self, out: torch.Tensor) -> torch.Tensor:
+        return (out.softmax(dim=-1) * self.atoms).sum(-1)
+
+    def project(self, probs: torch.Tensor, shifted: torch.Tensor) -> torch.Tensor:
+        """Project probabilities on shifted atoms (B, K) back onto the fixed support (C51 Alg. 1)."""
+        k = self.atoms.numel()
+        delta = (self.v_max - self.v_min) / (k - 1)
+        b = (shifted.clamp(self.v_min, self.v_max) - self.v_min) / delta
+        lower, upper = b.floor().long(), b.ceil().long()
+        # When b is an integer both neighbours coincide; give all mass to it.
+        lower_weight = torch.where(upper == lower, torch.ones_like(b), upper.float() - b)
+        upper_weight = b - lower.float()
+        target = torch.zeros_like(probs)
+        target.scatter_add_(-1, lower, probs * lower_weight)
+        target.scatter_add_(-1, upper, probs * upper_weight)
+        return target
+
+    def loss(
+        self,
+        out: torch.Tensor,
+        target_out: torch.Tensor,
+        reward: torch.Tensor,
+        discount: torch.Tensor,
+        bonus: torch.Tensor,
+    ) -> torch.Tensor:
+        """Cross-entropy to the projected target distribution of the target member with the lowest mean
+        (FastTD3's distributional clipped double-Q); the support shifts as z' = r + discount (z + bonus)."""
+        with torch.no_grad():
+            pick = self.q(target_out).argmin(dim=0)  # (B,)
+            logits = target_out.gather(0, pick.view(1, -1, 1).expand(1, -1, target_out.shape[-1])).squeeze(0)
+            shifted = reward[:, None] + discount[:, None] * (self.atoms[None] + bonus[:, None])
+            target = self.project(logits.softmax(-1), shifted)
+        return -(target * out.log_softmax(-1)).sum(-1).mean(dim=1).sum()

@@ -1,0 +1,212 @@
+"""Network blocks. Every layer carries a leading ensemble dimension E, so twin (or more) critics run
+as one fused batched matmul instead of E separate modules; an actor is simply E = 1.
+
+Tensors flow as (E, B, features). Three trunks share the interface:
+  mlp        Linear -> act, the SAC/TD3 papers' default
+  layernorm  Linear -> LayerNorm -> act, FastSAC-style stabilisation
+  flash      FlashSAC (Kim et al. 2026, Sec. 3): BatchNorm -> unit-norm linear embedding, inverted
+             residual blocks x + ReLU(BN(W2 ReLU(BN(W1 x)))) with W1: h -> 4h, W2: 4h -> h, then RMSNorm;
+             weight rows are projected back to unit norm after every optimizer step (`project_weights`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+
+Trunk = Literal["mlp", "layernorm", "flash"]
+
+
+class EnsembleLinear(nn.Module):
+    """E independent linear layers applied as one batched matmul."""
+
+    def __init__(self, ensemble: int, in_features: int, out_features: int, bias: bool = True, unit: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(ensemble, in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(ensemble, 1, out_features)) if bias else None
+        self.unit = unit
+        bound = 1 / math.sqrt(in_features)
+        nn.init.uniform_(self.weight, -bound, bound)
+        if unit:
+            self.project()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None:
+            return torch.bmm(x, self.weight)
+        return torch.baddbmm(self.bias, x, self.weight)
+
+    @torch.no_grad()
+    def project(self) -> None:
+        """Unit L2 norm for each output unit's weight vector (FlashSAC's weight-norm bounding)."""
+        self.weight.div_(self.weight.norm(dim=1, keepdim=True).clamp_min(1e-8))
+
+
+class EnsembleLayerNorm(nn.Module):
+    def __init__(self, ensemble: int, features: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(ensemble, 1, features))
+        self.shift = nn.Parameter(torch.zeros(ensemble, 1, features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.layer_norm(x, x.shape[-1:]) * self.scale + self.shift
+
+
+class EnsembleBatchNorm(nn.Module):
+    """BatchNorm over the batch dimension with separate statistics and affine terms per member."""
+
+    def __init__(self, ensemble: int, features: int, momentum: float = 0.01, eps: float = 1e-5):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(ensemble, 1, features))
+        self.shift = nn.Parameter(torch.zeros(ensemble, 1, features))
+        self.register_buffer("running_mean", torch.zeros(ensemble, 1, features))
+        self.register_buffer("running_var", torch.ones(ensemble, 1, features))
+        self.momentum, self.eps = momentum, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[1] > 1:
+            mean = x.mean(dim=1, keepdim=True)
+            var = x.var(dim=1, keepdim=True, unbiased=False)
+            with torch.no_grad():
+                self.running_mean.lerp_(mean, self.momentum)
+                self.running_var.lerp_(var, self.momentum)
+        else:
+            mean, var = self.running_mean, self.running_var
+        return (x - mean) * torch.rsqrt(var + self.eps) * self.scale + self.shift
+
+    @torch.no_grad()
+    def project(self) -> None:
+        d = self.scale.shape[-1]
+        self.scale.mul_(math.sqrt(d) / self.scale.norm(dim=-1, keepdim=True).clamp_min(1e-8))
+
+
+class EnsembleRMSNorm(nn.Module):
+    def __init__(self, ensemble: int, features: int, eps: float = 1e-6):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(ensemble, 1, features))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.scale
+
+    @torch.no_grad()
+    def project(self) -> None:
+        d = self.scale.shape[-1]
+        self.scale.mul_(math.sqrt(d) / self.scale.norm(dim=-1, keepdim=True).clamp_min(1e-8))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, ensemble: int, hidden: int, momentum: float):
+        super().__init__()
+        self.up = EnsembleLinear(ensemble, hidden, 4 * hidden, bias=False, unit=True)
+        self.norm_up = EnsembleBatchNorm(ensemble, 4 * hidden, momentum)
+        self.down = EnsembleLinear(ensemble, 4 * hidden, hidden, bias=False, unit=True)
+        self.norm_down = EnsembleBatchNorm(ensemble, hidden, momentum)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.norm_up(self.up(x)))
+        return x + torch.relu(self.norm_down(self.down(h)))
+
+
+def trunk(kind: Trunk, ensemble: int, in_features: int, hidden: tuple[int, ...]) -> nn.Sequential:
+    """Feature extractor (E, B, in) -> (E, B, hidden[-1]). For `flash`, hidden = (width,) * blocks."""
+    if kind == "flash":
+        width = hidden[0]
+        layers: list[nn.Module] = [
+            EnsembleBatchNorm(ensemble, in_features),
+            EnsembleLinear(ensemble, in_features, width, bias=False, unit=True),
+        ]
+        layers += [InvertedResidual(ensemble, width, momentum=0.01) for _ in hidden]
+        layers.append(EnsembleRMSNorm(ensemble, width))
+        return nn.Sequential(*layers)
+    layers = []
+    for width in hidden:
+        layers.append(EnsembleLinear(ensemble, in_features, width))
+        if kind == "layernorm":
+            layers.append(EnsembleLayerNorm(ensemble, width))
+        layers.append(nn.ReLU() if kind == "mlp" else nn.SiLU())
+        in_features = width
+    return nn.Sequential(*layers)
+
+
+@torch.no_grad()
+def project_weights(module: nn.Module) -> None:
+    """Re-apply FlashSAC's norm bounds to every unit-norm layer and norm scale in `module`."""
+    for layer in module.modules():
+        if isinstance(layer, EnsembleLinear) and layer.unit or isinstance(layer, EnsembleBatchNorm | EnsembleRMSNorm):
+            layer.project()
+
+
+class Critic(nn.Module):
+    """E action-value networks Q_i(s, a) evaluated together; each outputs `out_features` values
+    (1 for a scalar Q, the atom count for a categorical critic)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], kind: Trunk, ensemble: int, out: int):
+        super().__init__()
+        self.ensemble = ensemble
+        self.body = trunk(kind, ensemble, obs_dim + action_dim, hidden)
+        self.head = EnsembleLinear(ensemble, hidden[-1] if kind != "flash" else hidden[0], out)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([obs, action], dim=-1)
+        x = x.expand(self.ensemble, *x.shape) if x.dim() == 2 else x
+        return self.head(self.body(x))
+
+
+class DeterministicActor(nn.Module):
+    """a = tanh(f(s)) (TD3/DDPG)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], kind: Trunk):
+        super().__init__()
+        self.body = trunk(kind, 1, obs_dim, hidden)
+        self.head = EnsembleLinear(1, hidden[-1] if kind != "flash" else hidden[0], action_dim)
+        with torch.no_grad():
+            self.head.weight.mul_(0.01)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.head(self.body(obs.unsqueeze(0)))).squeeze(0)
+
+
+class GaussianActor(nn.Module):
+    """Tanh-squashed Gaussian policy (SAC, Haarnoja et al. 2018, App. C): a = tanh(mu + sigma * eps)."""
+
+    def __init__(
+        self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], kind: Trunk, log_std: tuple[float, float]
+    ):
+        super().__init__()
+        self.body = trunk(kind, 1, obs_dim, hidden)
+        self.head = EnsembleLinear(1, hidden[-1] if kind != "flash" else hidden[0], 2 * action_dim)
+        self.log_std_min, self.log_std_max = log_std
+
+    def distribution(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, raw = self.head(self.body(obs.unsqueeze(0))).squeeze(0).chunk(2, dim=-1)
+        # Smooth squash of log-std into its bounds keeps gradients alive at the edges.
+        log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (torch.tanh(raw) + 1)
+        return mean, log_std
+
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised action and its log-probability, with the tanh change of variables (SAC eq. 26)."""
+        mean, log_std = self.distribution(obs)
+        if noise is None:
+            noise = torch.randn_like(mean)
+        pre_tanh = mean + log_std.exp() * noise
+        action = torch.tanh(pre_tanh)
+        log_prob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        # log(1 - tanh(u)^2) written stably as 2 (log 2 - u - softplus(-2u)).
+        log_prob = log_prob - (2 * (math.log(2) - pre_tanh - nn.functional.softplus(-2 * pre_tanh))).sum(-1)
+        return action, log_prob
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic action tanh(mu): what evaluation and export use."""
+        return torch.tanh(self.distribution(obs)[0])
+
+
+@torch.no_grad()
+def polyak(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) target + tau online, for parameters; buffers (norm statistics) are copied."""
+    target_params, online_params = list(target.parameters()), list(online.parameters())
+    torch._foreach_lerp_(target_params, online_params, tau)
+    for t, o in zip(target.buffers(), online.buffers(), strict=True):
+        t.copy_(o)

@@ -1,0 +1,111 @@
+"""Replay as storage x sampler (TorchRL's split): one device-resident ring per env, any sampler over it.
+
+Storage is laid out (capacity_per_env, num_envs, ...) so a vectorized env step is one row write,
+and an n-step window is `n` consecutive rows of one env. `next_obs` is stored explicitly, so the true
+last observation of an episode (kept by the env across auto-reset) is what a truncated transition
+bootstraps from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from q2real.sim.vec_env import StepResult
+
+
+@dataclass
+class Batch:
+    """Transitions ready for a TD update; `reward` is the discounted n-step sum and `discount` is
+    gamma^k for the k steps summed, or 0 when the window ended in a terminal state."""
+
+    obs: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    next_obs: torch.Tensor
+    discount: torch.Tensor
+    row: torch.Tensor
+    env: torch.Tensor
+    weight: torch.Tensor | None = None
+    """Importance weights from a prioritized sampler; None for uniform sampling."""
+
+
+class ReplayStorage:
+    def __init__(self, capacity: int, num_envs: int, obs_dim: int, action_dim: int, device: torch.device):
+        self.rows = max(1, capacity // num_envs)
+        self.num_envs = num_envs
+        self.device = device
+        shape = (self.rows, num_envs)
+        self.data = {
+            "obs": torch.zeros(*shape, obs_dim, device=device),
+            "action": torch.zeros(*shape, action_dim, device=device),
+            "reward": torch.zeros(shape, device=device),
+            "next_obs": torch.zeros(*shape, obs_dim, device=device),
+            "terminated": torch.zeros(shape, dtype=torch.bool, device=device),
+            "truncated": torch.zeros(shape, dtype=torch.bool, device=device),
+        }
+        self.pos = 0
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size * self.num_envs
+
+    def add(self, obs: torch.Tensor, action: torch.Tensor, result: StepResult) -> None:
+        row = self.pos
+        self.data["obs"][row] = obs
+        self.data["action"][row] = action
+        self.data["reward"][row] = result.reward
+        self.data["next_obs"][row] = result.next_obs
+        self.data["terminated"][row] = result.terminated
+        self.data["truncated"][row] = result.truncated
+        self.pos = (self.pos + 1) % self.rows
+        self.size = min(self.size + 1, self.rows)
+
+    def gather(self, row: torch.Tensor, env: torch.Tensor, n_step: int, gamma: float) -> Batch:
+        """n-step transitions starting at (row, env), cut at episode ends and at the newest row."""
+        d = self.data
+        available = (self.pos - 1 - row) % self.rows + 1  # rows from `row` up to the newest, inclusive
+        reward = torch.zeros(row.shape, device=self.device)
+        scale = torch.ones(row.shape, device=self.device)
+        alive = torch.ones(row.shape, dtype=torch.bool, device=self.device)
+        last, terminal = row.clone(), torch.zeros(row.shape, dtype=torch.bool, device=self.device)
+        for j in range(n_step):
+            index = (row + j) % self.rows
+            use = alive & (j < available)
+            reward = reward + torch.where(use, scale * d["reward"][index, env], 0.0)
+            scale = torch.where(use, scale * gamma, scale)
+            last = torch.where(use, index, last)
+            ended = d["terminated"][index, env]
+            terminal = torch.where(use, ended, terminal)
+            alive = use & ~(ended | d["truncated"][index, env])
+        return Batch(
+            obs=d["obs"][row, env],
+            action=d["action"][row, env],
+            reward=reward,
+            next_obs=d["next_obs"][last, env],
+            discount=scale * (~terminal),
+            row=row,
+            env=env,
+        )
+
+    def state_dict(self) -> dict:
+        return {"data": dict(self.data), "pos": self.pos, "size": self.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state["data"].items():
+            if value.shape != self.data[key].shape:
+                raise ValueError(
+                    f"replay.{key}: checkpoint shape {tuple(value.shape)} != {tuple(self.data[key].shape)}"
+                )
+            self.data[key].copy_(value)
+        self.pos, self.size = int(state["pos"]), int(state["size"])
+
+
+class UniformSampler:
+    """Every stored transition equally likely."""
+
+    def sample(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch:
+        row = torch.randint(0, storage.size, (batch_size,), device=storage.device)
+        env = torch.randint(0, storage.num_envs, (batch_size,), device=storage.device)
+        return storage.gather(row, env, n_step, gamma)

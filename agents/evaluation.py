@@ -1,0 +1,32 @@
+"""Evaluate a finished (or running) training run from its directory alone."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
+from q2real.agents.train import TrainConfig, build_agent, evaluate
+from q2real.configs.loader import load
+from q2real.sim import make
+
+
+def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 12345) -> torch.Tensor:
+    """Returns of `episodes` deterministic episodes (one per env) of the run's latest checkpoint."""
+    run_dir = Path(run_dir)
+    if episodes < 1:
+        raise ValueError(f"--episodes: expected >= 1, got {episodes}")
+    for name in ("config.yaml", CHECKPOINT):
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(f"{run_dir}: not a training run directory (no {name})")
+    config = load(TrainConfig, str(run_dir / "config.yaml"))
+    env = make(dataclasses.replace(config.env, num_envs=episodes, seed=seed))
+    agent = build_agent(config, env)
+    agent.load_state_dict(load_checkpoint(run_dir / CHECKPOINT, env.device)["agent"])
+    agent.eval()
+    try:
+        return evaluate(lambda obs: agent.act(obs, deterministic=True), env, seed).cpu()
+    finally:
+        env.close()

@@ -1,0 +1,104 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications").
+
+Twin critics with clipped double-Q, tanh-Gaussian actor, automatic entropy temperature. With
+`noise_repeat` the exploration noise is held for Zeta-distributed spans (FlashSAC).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig, _optimizer
+from q2real.agents.common.exploration import NoiseRepetition
+from q2real.agents.common.networks import GaussianActor
+from q2real.sim.vec_env import StepResult
+
+
+@dataclass
+class SACConfig(ActorCriticConfig):
+    init_alpha: float = 1.0
+    """Initial entropy temperature."""
+    alpha_lr: float = 3e-4
+    target_entropy: float | None = None
+    """Entropy target; None means -|A| (SAC paper), unless `target_action_std` is set."""
+    target_action_std: float | None = None
+    """FlashSAC's target: the entropy of a Gaussian with this std per action dim (eq. in Sec. 3.3)."""
+    log_std_min: float = -5.0
+    log_std_max: float = 2.0
+    noise_repeat: bool = False
+    """Hold exploration noise for k ~ Zeta(noise_repeat_mu) steps (FlashSAC)."""
+    noise_repeat_mu: float = 2.0
+    noise_repeat_max: int = 16
+    actor_uses_mean_q: bool = False
+    """Actor maximises the mean of the critics instead of their minimum (FastSAC)."""
+
+
+class SAC(ActorCritic):
+    config: SACConfig
+
+    def __init__(self, config: SACConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
+        super().__init__(config, obs_dim, action_dim, num_envs, device)
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha), device=device))
+        self.alpha_optim = _optimizer([self.log_alpha], config.alpha_lr, 0.0)
+        if config.target_entropy is not None:
+            self.target_entropy = config.target_entropy
+        elif config.target_action_std is not None:
+            self.target_entropy = 0.5 * action_dim * math.log(2 * math.pi * math.e * config.target_action_std**2)
+        else:
+            self.target_entropy = -float(action_dim)
+        self.repeat = (
+            NoiseRepetition(num_envs, action_dim, config.noise_repeat_mu, config.noise_repeat_max, device)
+            if config.noise_repeat
+            else None
+        )
+        self._alpha_loss: torch.Tensor | None = None
+
+    def build_actor(self) -> nn.Module:
+        cfg = self.config
+        return GaussianActor(
+            self.obs_dim, self.action_dim, cfg.actor_hidden, cfg.network, (cfg.log_std_min, cfg.log_std_max)
+        )
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        return self.log_alpha.exp().detach()
+
+    def explore(self, obs: torch.Tensor) -> torch.Tensor:
+        noise = self.repeat.next() if self.repeat is not None else None
+        return self.actor.sample(obs, noise)[0]
+
+    def target_action(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        action, log_prob = self.actor.sample(next_obs)
+        return action, -self.alpha * log_prob
+
+    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """J_pi = E[alpha log pi(a|s) - Q(s, a)] (eq. 7), a reparameterised; then J_alpha (eq. 18)."""
+        action, log_prob = self.actor.sample(obs)
+        q = self.q_values(obs, action)
+        q = q.mean(0) if self.config.actor_uses_mean_q else q.min(0).values
+        loss = (self.alpha * log_prob - q).mean()
+        self._alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        return loss, {"alpha": self.alpha, "entropy": -log_prob.detach().mean()}
+
+    def after_actor_step(self) -> None:
+        self.alpha_optim.zero_grad(set_to_none=True)
+        self._alpha_loss.backward()
+        self.alpha_optim.step()
+
+    def on_step(self, result: StepResult) -> None:
+        if self.repeat is not None:
+            self.repeat.on_done(result.done)
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {**super().optimizers(), "alpha": self.alpha_optim}
+
+    def extra_state(self) -> dict:
+        return {"repeat": self.repeat.state_dict()} if self.repeat is not None else {}
+
+    def load_extra_state(self, state: dict) -> None:
+        if self.repeat is not None:
+            self.repeat.load_state_dict(state["repeat"])

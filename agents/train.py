@@ -1,0 +1,365 @@
+"""The one off-policy training loop: collect from N envs, store, update, call back.
+
+Every learner (SAC, TD3, DDPG, FlashSAC, and the variants built on them) runs through `Trainer`.
+What varies between them lives in the agent (`ActorCritic` pieces) or in callbacks; the loop owns
+only ordering: act -> step -> guard -> store -> update -> callbacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from q2real.agents.common.episodes import EpisodeTracker
+from q2real.agents.common.guard import check_finite, parameters_of
+from q2real.agents.common.metrics import MetricLogger
+from q2real.agents.common.progress import Progress
+from q2real.agents.common.replay import ReplayStorage, UniformSampler
+from q2real.agents.common.run_dir import LogConfig, RunDir
+from q2real.agents.flashsac import FlashSACConfig
+from q2real.agents.sac import SAC, SACConfig
+from q2real.agents.td3 import TD3, DDPGConfig, TD3Config
+from q2real.configs.loader import to_dict
+from q2real.sim import EnvConfig, VecEnv, make
+
+ALGORITHMS: dict[str, type[ActorCritic]] = {"sac": SAC, "td3": TD3, "ddpg": TD3, "flashsac": SAC}
+
+
+@dataclass
+class TrainConfig:
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(task="pendulum_swingup", num_envs=4))
+    log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=5_000))
+    algo: Literal["sac", "td3", "ddpg", "flashsac"] = "sac"
+    """Which learner; its settings are the section of the same name."""
+    sac: SACConfig = field(default_factory=SACConfig)
+    td3: TD3Config = field(default_factory=TD3Config)
+    ddpg: DDPGConfig = field(default_factory=DDPGConfig)
+    flashsac: FlashSACConfig = field(default_factory=FlashSACConfig)
+    total_steps: int = 60_000
+    """Env steps summed over all envs."""
+    warmup_steps: int = 2_000
+    """Env steps of uniform random actions before learning starts."""
+    updates_per_step: float = 1.0
+    """Gradient updates per vectorized env step (may be fractional)."""
+    replay_capacity: int = 1_000_000
+    """Transitions kept, over all envs."""
+    eval_every: int = 5_000
+    """Env steps between deterministic evaluations (0 = only at the end)."""
+    eval_envs: int = 10
+    """Evaluation episodes, run in parallel, one per env, on envs seeded apart from training."""
+    checkpoint_every: int = 10_000
+    stop_return: float | None = None
+    """Stop early once the evaluation mean return reaches this."""
+    threads: int = 0
+    """torch CPU threads (0 = leave torch's default)."""
+
+    @property
+    def agent(self):
+        return getattr(self, self.algo)
+
+    def validate(self) -> None:
+        for key in ("total_steps", "eval_envs"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}: expected >= 1, got {getattr(self, key)}")
+        for key in ("warmup_steps", "eval_every", "checkpoint_every", "threads"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}: expected >= 0, got {getattr(self, key)}")
+        if not self.updates_per_step > 0:
+            raise ValueError(f"updates_per_step: expected > 0, got {self.updates_per_step}")
+        self.agent.validate(self.algo)
+
+
+class StopTraining(Exception):
+    """Raised by a callback to end training early (the loop still evaluates and checkpoints)."""
+
+
+class Callback:
+    """Hooks into the loop; override what you need."""
+
+    def on_start(self, trainer: Trainer) -> None: ...
+
+    def on_iteration(self, trainer: Trainer) -> None: ...
+
+    def on_end(self, trainer: Trainer) -> None: ...
+
+
+def build_agent(config: TrainConfig, env: VecEnv) -> ActorCritic:
+    return ALGORITHMS[config.algo](config.agent, env.obs_dim, env.action_dim, env.num_envs, env.device)
+
+
+@torch.no_grad()
+def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int) -> torch.Tensor:
+    """Return of the first episode of every env under `policy` (one episode per env)."""
+    obs = env.reset(seed=seed)
+    returns = torch.zeros(env.num_envs, device=env.device)
+    finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
+    while not bool(finished.all()):
+        result = env.step(policy(obs))
+        returns += torch.where(finished, 0.0, result.reward)
+        finished |= result.done
+        obs = result.obs
+    return returns
+
+
+class Trainer:
+    """Owns the env, agent, replay and counters; `run()` trains to `total_steps` or an early stop."""
+
+    def __init__(self, config: TrainConfig, callbacks: Sequence[Callback] = (), resume: Path | None = None):
+        config.validate()
+        self.config = config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        torch.manual_seed(config.env.seed)
+        self.env = make(config.env)
+        self.eval_env = make(dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000))
+        self.agent = build_agent(config, self.env)
+        self.replay = ReplayStorage(
+            config.replay_capacity, self.env.num_envs, self.env.obs_dim, self.env.action_dim, self.env.device
+        )
+        self.sampler = UniformSampler()
+        self.episodes = EpisodeTracker(self.env.num_envs, self.env.device)
+        self.step = self.iteration = 0
+        self._update_credit = 0.0
+        self._metric_sums: dict[str, torch.Tensor] = {}
+        self._metric_count = 0
+        self.last_checkpoint: Path | None = None
+        self.last_eval: float | None = None
+        self.obs = self.env.reset(seed=config.env.seed)
+        elapsed = 0.0
+        if resume is not None:
+            elapsed = self._load(resume / CHECKPOINT)
+        self.run_dir = RunDir(config, config.log, config.env.task, resume=resume)
+        self.path = self.run_dir.path
+        self.logger = MetricLogger(self.run_dir, config.log, elapsed=elapsed)
+        builtin = [LogCallback(), EvalCallback(), CheckpointCallback()]
+        self.callbacks = [*builtin, *callbacks]
+
+    # --- one iteration -----------------------------------------------------------------------------
+    def collect(self) -> None:
+        env, agent = self.env, self.agent
+        if self.step < self.config.warmup_steps:
+            action = torch.rand(env.num_envs, env.action_dim, device=env.device) * 2 - 1
+        else:
+            action = agent.act(self.obs)
+        result = env.step(action)
+        check_finite(
+            {"env output next_obs": result.next_obs, "env output reward": result.reward},
+            self.step,
+            self.last_checkpoint,
+        )
+        self.replay.add(self.obs, action, result)
+        agent.observe(result)
+        self.episodes.update(result)
+        self.obs = result.obs
+        self.step += env.num_envs
+        self.iteration += 1
+
+    def learn(self) -> None:
+        if self.step < self.config.warmup_steps:
+            return
+        self._update_credit += self.config.updates_per_step
+        cfg = self.config.agent
+        while self._update_credit >= 1.0:
+            self._update_credit -= 1.0
+            batch = self.sampler.sample(self.replay, cfg.batch_size, cfg.n_step, cfg.gamma)
+            metrics = self.agent.update(batch)
+            check_finite(metrics, self.step, self.last_checkpoint)
+            for key, value in metrics.items():
+                self._metric_sums[key] = self._metric_sums.get(key, 0.0) + value
+            self._metric_count += 1
+
+    def pop_update_metrics(self) -> dict[str, float]:
+        if not self._metric_count:
+            return {}
+        means = {k: float(v) / self._metric_count for k, v in self._metric_sums.items()}
+        self._metric_sums, self._metric_count = {}, 0
+        return means
+
+    def run(self) -> Path:
+        iterations = math.ceil(self.config.total_steps / self.env.num_envs)
+        try:
+            for callback in self.callbacks:
+                callback.on_start(self)
+            try:
+                while self.iteration < iterations:
+                    self.collect()
+                    self.learn()
+                    for callback in self.callbacks:
+                        callback.on_iteration(self)
+            except StopTraining:
+                pass
+            for callback in self.callbacks:
+                callback.on_end(self)
+        except KeyboardInterrupt:
+            self.save_checkpoint()
+            raise
+        finally:
+            self.logger.close()
+            self.env.close()
+            self.eval_env.close()
+        return self.path
+
+    # --- evaluation and checkpoints --------------------------------------------------------------------
+    def evaluate(self) -> float:
+        returns = evaluate(
+            lambda obs: self.agent.act(obs, deterministic=True), self.eval_env, self.config.env.seed + 10_000
+        )
+        self.last_eval = float(returns.mean())
+        return self.last_eval
+
+    def state_dict(self) -> dict:
+        agent = self.agent
+        return {
+            "format": 1,
+            "config": to_dict(self.config),
+            "step": self.step,
+            "iteration": self.iteration,
+            "updates": agent.updates,
+            "update_credit": self._update_credit,
+            "elapsed": self.logger.elapsed,
+            "agent": agent.state_dict(),
+            "agent_extra": agent.extra_state(),
+            "optimizers": {name: opt.state_dict() for name, opt in agent.optimizers().items()},
+            "replay": self.replay.state_dict(),
+            "env": self.env.state_dict(),
+            "obs": self.obs,
+            "episodes": self.episodes.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all()},
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write checkpoint.pt atomically, refusing to overwrite a good checkpoint with non-finite weights."""
+        check_finite(parameters_of(self.agent, "parameter"), self.step, self.last_checkpoint)
+        path = self.path / CHECKPOINT
+        save_checkpoint(path, self.state_dict())
+        self.last_checkpoint = path
+        return path
+
+    def _load(self, path: Path) -> float:
+        state = load_checkpoint(path, self.env.device)
+        agent = self.agent
+        agent.load_state_dict(state["agent"])
+        agent.load_extra_state(state["agent_extra"])
+        for name, opt in agent.optimizers().items():
+            opt.load_state_dict(state["optimizers"][name])
+        agent.updates = int(state["updates"])
+        self.replay.load_state_dict(state["replay"])
+        if state["env"] is not None and self.env.state_dict() is not None:
+            self.env.load_state_dict(state["env"])
+            self.obs = state["obs"].to(self.env.device)
+        self.episodes.load_state_dict(state["episodes"])
+        self.step, self.iteration = int(state["step"]), int(state["iteration"])
+        self._update_credit = float(state["update_credit"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
+        self.last_checkpoint = path
+        return float(state["elapsed"])
+
+
+class LogCallback(Callback):
+    """Metrics every `log.interval_steps` env steps, and the progress bar."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        cfg = trainer.config
+        total = math.ceil(cfg.total_steps / trainer.env.num_envs) * trainer.env.num_envs
+        self.progress = Progress(total, f"{cfg.algo} on {cfg.env.task}")
+        self.progress.done = trainer.step
+        self._last_step, self._last_time, self._last_updates = trainer.step, time.monotonic(), trainer.agent.updates
+        self._next = trainer.step + cfg.log.interval_steps
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        shown = {}
+        if trainer.step >= self._next:
+            self._next += trainer.config.log.interval_steps
+            shown = self.log(trainer)
+        self.progress.update(trainer.env.num_envs, **shown)
+
+    def log(self, trainer: Trainer) -> dict[str, float]:
+        now = time.monotonic()
+        seconds = max(now - self._last_time, 1e-9)
+        metrics = {
+            "env_steps_per_s": (trainer.step - self._last_step) / seconds,
+            "updates_per_s": (trainer.agent.updates - self._last_updates) / seconds,
+            **trainer.episodes.pop(),
+            **trainer.pop_update_metrics(),
+        }
+        self._last_step, self._last_time, self._last_updates = trainer.step, now, trainer.agent.updates
+        trainer.logger.log(trainer.step, metrics)
+        shown = {k: metrics[k] for k in ("episode_return",) if k in metrics}
+        if trainer.last_eval is not None:
+            shown["eval"] = trainer.last_eval
+        return shown
+
+    def on_end(self, trainer: Trainer) -> None:
+        if trainer.step > self._last_step:
+            self.log(trainer)
+        self.progress.close()
+
+
+class EvalCallback(Callback):
+    """Deterministic evaluation every `eval_every` env steps and at the end; early stop on `stop_return`."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        every = trainer.config.eval_every
+        self._next = (trainer.step // every + 1) * every if every else math.inf
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        if trainer.step >= self._next:
+            self._next += trainer.config.eval_every
+            self._evaluate(trainer)
+
+    def _evaluate(self, trainer: Trainer) -> None:
+        self._done_at = trainer.step
+        value = trainer.evaluate()
+        trainer.logger.log(trainer.step, {"eval_return": value})
+        stop = trainer.config.stop_return
+        if stop is not None and value >= stop:
+            raise StopTraining
+
+    def on_end(self, trainer: Trainer) -> None:
+        if getattr(self, "_done_at", None) == trainer.step:
+            return
+        try:
+            self._evaluate(trainer)
+        except StopTraining:
+            pass
+
+
+class CheckpointCallback(Callback):
+    """Atomic checkpoint every `checkpoint_every` env steps and at the end."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        every = trainer.config.checkpoint_every
+        self._next = (trainer.step // every + 1) * every if every else math.inf
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        if trainer.step >= self._next:
+            self._next += trainer.config.checkpoint_every
+            trainer.save_checkpoint()
+
+    def on_end(self, trainer: Trainer) -> None:
+        trainer.save_checkpoint()
+
+
+def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Trainer:
+    """Train from scratch; returns the finished trainer (its `path` is the run directory)."""
+    trainer = Trainer(config, callbacks)
+    trainer.run()
+    return trainer
+
+
+def resume(run_dir: Path, config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Trainer:
+    """Continue a run from its checkpoint.pt, appending to its run directory."""
+    trainer = Trainer(config, callbacks, resume=Path(run_dir))
+    trainer.run()
+    return trainer

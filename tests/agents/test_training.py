@@ -1,0 +1,120 @@
+"""The training loop: determinism, checkpoints, resume after a crash or kill -9, the non-finite guard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from q2real.agents.common.checkpoint import load_checkpoint
+from q2real.agents.common.guard import NonFiniteError
+from q2real.agents.train import Callback, TrainConfig, Trainer, resume, train
+from q2real.configs.loader import load, to_dict
+
+
+def small(tmp_path: Path, name: str, algo: str = "sac", extra: tuple[str, ...] = ()) -> TrainConfig:
+    overrides = [
+        f"algo={algo}",
+        "env.num_envs=2",
+        "env.task_params.episode_length=50",
+        "total_steps=600",
+        "warmup_steps=100",
+        "eval_every=0",
+        "eval_envs=2",
+        "checkpoint_every=200",
+        f"{algo}.actor_hidden=[32,32]",
+        f"{algo}.critic_hidden=[32,32]",
+        f"{algo}.batch_size=32",
+        f"log.root={tmp_path}",
+        f"log.name={name}",
+        "log.tensorboard=false",
+        "log.interval_steps=200",
+        *extra,
+    ]
+    return load(TrainConfig, None, overrides)
+
+
+def params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.agent.state_dict().items()}
+
+
+class Crash(Callback):
+    def __init__(self, at_step: int):
+        self.at_step = at_step
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        if trainer.step >= self.at_step:
+            raise RuntimeError("simulated crash")
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3", "flashsac"])
+def test_same_seed_same_result_and_resume_after_crash_is_exact(tmp_path: Path, algo: str) -> None:
+    straight = train(small(tmp_path, "a", algo))
+    again = train(small(tmp_path, "b", algo))
+    reference = params(straight)
+    assert all(torch.equal(reference[k], v) for k, v in params(again).items())
+
+    crashed = Trainer(small(tmp_path, "c", algo), callbacks=[Crash(at_step=500)])
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashed.run()
+    assert load_checkpoint(tmp_path / "c" / "checkpoint.pt")["step"] == 400
+    resumed = resume(tmp_path / "c", small(tmp_path, "c", algo))
+    assert resumed.step == 600
+    assert all(torch.equal(reference[k], v) for k, v in params(resumed).items())
+    metrics = (tmp_path / "c" / "metrics.jsonl").read_text()
+    assert '"step": 600' in metrics
+    assert "resumes" in (tmp_path / "c" / "meta.json").read_text()
+
+
+def test_checkpoint_holds_only_plain_tensors_and_containers(tmp_path: Path) -> None:
+    trainer = train(small(tmp_path, "w", "td3"))
+    state = torch.load(trainer.last_checkpoint, weights_only=True)
+    assert {"agent", "optimizers", "replay", "env", "rng", "config", "step"} <= set(state)
+    assert state["config"]["algo"] == "td3" and state["step"] == 600
+
+
+class Poison(Callback):
+    def on_iteration(self, trainer: Trainer) -> None:
+        if trainer.step >= 450:
+            with torch.no_grad():
+                next(trainer.agent.critic.parameters()).fill_(float("nan"))
+
+
+def test_non_finite_loss_stops_training_naming_it_and_the_last_checkpoint(tmp_path: Path) -> None:
+    trainer = Trainer(small(tmp_path, "nan"), callbacks=[Poison()])
+    with pytest.raises(NonFiniteError, match=r"critic_loss became non-finite at env step \d+.*last good checkpoint: "):
+        trainer.run()
+    state = load_checkpoint(tmp_path / "nan" / "checkpoint.pt")
+    assert state["step"] == 400
+    assert all(torch.isfinite(v).all() for v in state["agent"].values() if v.is_floating_point())
+
+
+def test_kill_minus_nine_leaves_a_loadable_checkpoint_and_resume_finishes(tmp_path: Path) -> None:
+    config = small(tmp_path, "k", "sac", ("total_steps=200000", "checkpoint_every=100", "log.interval_steps=100"))
+    preset = tmp_path / "k.yaml"
+    preset.write_text(yaml.safe_dump(to_dict(config)))
+    code = "import sys; from q2real.configs.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "train", "--preset", str(preset)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    checkpoint = tmp_path / "k" / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not checkpoint.exists():
+        time.sleep(0.2)
+    assert checkpoint.exists(), "training never wrote a checkpoint"
+    time.sleep(1.5)  # a few more checkpoints, so the kill may land mid-write
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    step = load_checkpoint(checkpoint)["step"]
+    assert step >= 100
+    finished = resume(tmp_path / "k", small(tmp_path, "k", "sac", (f"total_steps={step + 200}",)))
+    assert finished.step == step + 200
