@@ -7,8 +7,8 @@ What changes against SAC, each a piece of `ActorCritic`/`SAC`:
   - categorical critic with 101 atoms on [-5, 5] and return-based reward scaling (`scale_rewards`);
   - `noise_repeat`: exploration noise held for k ~ Zeta(2) steps, k <= 16;
   - temperature from a target action std of 0.15, actor updated every 2 critic updates.
-Not reproduced: cross-batch value prediction (one BatchNorm pass over (s, a) and (s', a') together);
-here the target critic normalizes s' with its own batch statistics.
+  - `cross_batch`: online and target critics see (s, a) and (s', a') as one batch, so BatchNorm
+    statistics are shared between predictions and their targets.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class FlashSACConfig(SACConfig):
     v_max: float = 5.0
     scale_rewards: bool = True
     project_weights: bool = True
+    cross_batch: bool = True
     noise_repeat: bool = True
     init_alpha: float = 0.01
     target_action_std: float | None = 0.15

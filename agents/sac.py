@@ -20,8 +20,9 @@ from q2real.sim.vec_env import StepResult
 
 @dataclass
 class SACConfig(ActorCriticConfig):
-    init_alpha: float = 1.0
-    """Initial entropy temperature."""
+    init_alpha: float = 0.1
+    """Initial entropy temperature. Lower than SB3's 1.0: with per-step rewards in [0, 1] (dm_control
+    style) an initial alpha of 1 lets the entropy bonus swamp the reward for thousands of updates."""
     alpha_lr: float = 3e-4
     target_entropy: float | None = None
     """Entropy target; None means -|A| (SAC paper), unless `target_action_std` is set."""

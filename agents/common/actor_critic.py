@@ -57,6 +57,9 @@ class ActorCriticConfig:
     """Project weight rows to unit norm after each step (FlashSAC; needs network=flash)."""
     max_grad_norm: float = 0.0
     """Clip gradient norm (0 = off)."""
+    cross_batch: bool = False
+    """Run online and target critics on (s, a) and (s', a') as one batch, so BatchNorm statistics are
+    shared between predictions and targets (FlashSAC's cross-batch value prediction)."""
 
     def validate(self, where: str) -> None:
         checks = [
@@ -167,8 +170,16 @@ class ActorCritic(nn.Module):
         reward = batch.reward / self.return_scale.scale()
         with torch.no_grad():
             next_action, bonus = self.target_action(next_obs)
-            target_out = self.critic_target(next_obs, next_action)
-        out = self.critic(obs, batch.action)
+        if cfg.cross_batch:
+            n = obs.shape[0]
+            both_obs, both_actions = torch.cat([obs, next_obs]), torch.cat([batch.action, next_action])
+            with torch.no_grad():
+                target_out = self.critic_target(both_obs, both_actions)[:, n:]
+            out = self.critic(both_obs, both_actions)[:, :n]
+        else:
+            with torch.no_grad():
+                target_out = self.critic_target(next_obs, next_action)
+            out = self.critic(obs, batch.action)
         critic_loss = self.head.loss(out, target_out, reward, batch.discount, bonus)
         self._step(self.critic_optim, critic_loss, self.critic)
         metrics = {"critic_loss": critic_loss.detach()}

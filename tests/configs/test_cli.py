@@ -56,3 +56,22 @@ def test_bad_override_exits_2_with_message(capsys: pytest.CaptureFixture[str]) -
     assert "command line: env.num_envs: expected an integer, got 'many'" in capsys.readouterr().err
     assert main(["rollout", "env.task=nope"]) == 2
     assert "env.task: unknown task 'nope'" in capsys.readouterr().err
+
+
+def test_train_then_eval_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["train", "env.num_envs=2", "env.task_params.episode_length=50", "total_steps=400", "warmup_steps=100"]
+    args += ["sac.actor_hidden=[16]", "sac.critic_hidden=[16]", "sac.batch_size=16", "eval_envs=2"]
+    args += [f"log.root={tmp_path}", "log.name=t", "log.tensorboard=false"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    run = tmp_path / "t"
+    assert f"run directory: {run}" in out and "curves.png" in out and "checkpoint.pt" in out
+    assert "final evaluation: mean return" in out
+    assert (run / "curves.png").exists() and (run / "checkpoint.pt").exists()
+    assert main(["eval", str(run), "--episodes", "3"]) == 0
+    evaluated = capsys.readouterr().out
+    assert "mean return" in evaluated and "over 3 episodes" in evaluated
+    assert main(["train", "--resume", str(tmp_path / "missing")]) == 2
+    assert "no checkpoint.pt" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "not a training run directory" in capsys.readouterr().err
