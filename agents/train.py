@@ -93,7 +93,9 @@ class Callback:
 
 
 def build_agent(config: TrainConfig, env: VecEnv) -> ActorCritic:
-    return ALGORITHMS[config.algo](config.agent, env.obs_dim, env.action_dim, env.num_envs, env.device)
+    """The configured learner for `env`'s spaces, sized for the training env count (`config.env.num_envs`),
+    since per-env exploration and return-scale state are part of its checkpoint."""
+    return ALGORITHMS[config.algo](config.agent, env.obs_dim, env.action_dim, config.env.num_envs, env.device)
 
 
 @torch.no_grad()

@@ -35,4 +35,4 @@ def test_console_script_runs(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "q2real"
     out = subprocess.run([str(script), "presets"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "pendulum_random" in out.stdout
+    assert "sac_pendulum_v1" in out.stdout

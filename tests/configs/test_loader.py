@@ -6,7 +6,7 @@ from typing import Literal
 
 import pytest
 
-from q2real.agents.rollout import RolloutConfig
+from q2real.agents.train import TrainConfig
 from q2real.configs.loader import ConfigError, list_presets, load, merge, parse_overrides, to_dict
 
 
@@ -79,7 +79,7 @@ def test_parse_overrides_nests_and_parses_yaml() -> None:
 
 @pytest.mark.parametrize("name", list_presets())
 def test_shipped_presets_resolve(name: str) -> None:
-    load(RolloutConfig, name)
+    load(TrainConfig, name)
 
 
 def test_env_task_params_are_checked_against_the_task_config() -> None:
