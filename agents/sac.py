@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig, _optimizer
+from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig, make_optimizer
 from q2real.agents.common.exploration import NoiseRepetition
 from q2real.agents.common.networks import GaussianActor
 from q2real.sim.vec_env import StepResult
@@ -44,7 +44,7 @@ class SAC(ActorCritic):
     def __init__(self, config: SACConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
         super().__init__(config, obs_dim, action_dim, num_envs, device)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha), device=device))
-        self.alpha_optim = _optimizer([self.log_alpha], config.alpha_lr, 0.0)
+        self.alpha_optim = make_optimizer([self.log_alpha], config.alpha_lr, 0.0)
         if config.target_entropy is not None:
             self.target_entropy = config.target_entropy
         elif config.target_action_std is not None:

@@ -48,7 +48,7 @@ class TD3(ActorCritic):
 
     def __init__(self, config: TD3Config, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
         super().__init__(config, obs_dim, action_dim, num_envs, device)
-        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if config.target_actor else self.actor
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if config.target_actor else None
         low = config.exploration_noise if config.exploration_noise_min is None else config.exploration_noise_min
         self.noise = MixedGaussianNoise(num_envs, low, config.exploration_noise, config.resample_noise_on_done, device)
 
@@ -61,7 +61,7 @@ class TD3(ActorCritic):
     def target_action(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """a' = clip(pi'(s') + clip(eps, -c, c), -1, 1), eps ~ N(0, sigma^2) (TD3 eq. 15)."""
         cfg = self.config
-        action = self.actor_target(next_obs)
+        action = (self.actor_target or self.actor)(next_obs)
         if cfg.target_noise > 0:
             noise = (cfg.target_noise * torch.randn_like(action)).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
             action = (action + noise).clamp(-1.0, 1.0)
@@ -72,7 +72,7 @@ class TD3(ActorCritic):
         return -self.q_values(obs, self.actor(obs)).min(0).values.mean(), {}
 
     def after_actor_step(self) -> None:
-        if self.actor_target is not self.actor:
+        if self.actor_target is not None:
             polyak(self.actor_target, self.actor, self.config.tau)
 
     def on_step(self, result: StepResult) -> None:

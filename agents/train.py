@@ -44,7 +44,7 @@ class TrainConfig:
     td3: TD3Config = field(default_factory=TD3Config)
     ddpg: DDPGConfig = field(default_factory=DDPGConfig)
     flashsac: FlashSACConfig = field(default_factory=FlashSACConfig)
-    total_steps: int = 60_000
+    total_steps: int = 50_000
     """Env steps summed over all envs."""
     warmup_steps: int = 2_000
     """Env steps of uniform random actions before learning starts."""

@@ -78,7 +78,8 @@ class ActorCriticConfig:
                 raise ValueError(f"{where}.{key}: expected {expected}, got {getattr(self, key, None)!r}")
 
 
-def _optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """Adam, or AdamW with weight decay; fused kernels (one launch for all tensors) where supported."""
     params = list(params)
     fused = all(p.device.type in ("cpu", "cuda") for p in params)
     if weight_decay > 0:
@@ -103,8 +104,8 @@ class ActorCritic(nn.Module):
         self.actor = self.build_actor()
         self.to(device)
         self.device = device
-        self.critic_optim = _optimizer(self.critic.parameters(), config.critic_lr, config.weight_decay)
-        self.actor_optim = _optimizer(self.actor.parameters(), config.actor_lr, config.weight_decay)
+        self.critic_optim = make_optimizer(self.critic.parameters(), config.critic_lr, config.weight_decay)
+        self.actor_optim = make_optimizer(self.actor.parameters(), config.actor_lr, config.weight_decay)
         self.updates = 0
 
     # --- pieces an algorithm provides -------------------------------------------------------------
