@@ -1,4 +1,4 @@
-"""Evaluate a finished (or running) training run from its directory alone."""
+"""Evaluate a training run from its directory alone, with its torch checkpoint or an exported bundle."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from q2real.configs.loader import load
 from q2real.sim import make
 
 
-def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 12345) -> torch.Tensor:
-    """Returns of `episodes` deterministic episodes (one per env) of the run's latest checkpoint."""
+def evaluate_run(
+    run_dir: str | Path, episodes: int = 20, seed: int = 12345, bundle: str | Path | None = None
+) -> torch.Tensor:
+    """Returns of `episodes` deterministic episodes (one per env). With `bundle`, the exported ONNX policy
+    acts (through onnxruntime) instead of the torch checkpoint, on the very same seeded episodes."""
     run_dir = Path(run_dir)
     if episodes < 1:
         raise ValueError(f"--episodes: expected >= 1, got {episodes}")
@@ -23,10 +26,23 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 12345) -> 
             raise FileNotFoundError(f"{run_dir}: not a training run directory (no {name})")
     config = load(TrainConfig, str(run_dir / "config.yaml"))
     env = make(dataclasses.replace(config.env, num_envs=episodes, seed=seed))
-    agent = build_agent(config, env)
-    agent.load_state_dict(load_checkpoint(run_dir / CHECKPOINT, env.device)["agent"])
-    agent.eval()
     try:
-        return evaluate(lambda obs: agent.act(obs, deterministic=True), env, seed).cpu()
+        if bundle is not None:
+            from q2real.deploy_ros.bundle import PolicyBundle
+
+            runner = PolicyBundle(bundle)
+
+            def policy(obs: torch.Tensor) -> torch.Tensor:
+                commands = runner(obs.cpu().numpy())
+                return torch.from_numpy(runner.normalized(commands)).to(env.device)
+        else:
+            agent = build_agent(config, env)
+            agent.load_state_dict(load_checkpoint(run_dir / CHECKPOINT, env.device)["agent"])
+            agent.eval()
+
+            def policy(obs: torch.Tensor) -> torch.Tensor:
+                return agent.act(obs, deterministic=True).clamp(-1.0, 1.0)
+
+        return evaluate(policy, env, seed).cpu()
     finally:
         env.close()

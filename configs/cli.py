@@ -1,4 +1,4 @@
-"""The `q2real` command: `train`, `eval`, `envs`, `presets`, `rollout`.
+"""The `q2real` command: `train`, `eval`, `export`, `envs`, `presets`, `rollout`.
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
@@ -109,11 +109,20 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from q2real.agents.evaluation import evaluate_run
 
-    returns = evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed)
+    returns = evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, bundle=args.bundle)
     print(
         f"{args.run_dir}: mean return {returns.mean():.2f} +- {returns.std():.2f} "
         f"(min {returns.min():.2f}, max {returns.max():.2f}) over {returns.numel()} episodes"
     )
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from q2real.agents.export import export_run
+
+    path = export_run(args.run_dir, args.output)
+    print(f"policy bundle: {path}")
+    print(f"metadata: {path.with_suffix(path.suffix + '.json')}")
     return 0
 
 
@@ -134,7 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("run_dir", metavar="RUN_DIR")
     evaluation.add_argument("--episodes", type=int, default=20)
     evaluation.add_argument("--seed", type=int, default=12345)
+    evaluation.add_argument("--bundle", metavar="ONNX", help="act with this exported policy bundle instead")
     evaluation.set_defaults(func=_eval)
+    export = sub.add_parser("export", help="export a run's policy as an ONNX policy bundle")
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("-o", "--output", metavar="ONNX", help="default: RUN_DIR/policy.onnx")
+    export.set_defaults(func=_export)
     envs = sub.add_parser("envs", help="list registered tasks and env adapters")
     envs.add_argument("--task", help="show one task's description and default task_params")
     envs.set_defaults(func=_envs)
@@ -149,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ValueError, ImportError, FileExistsError, FileNotFoundError) as err:
+    except (ConfigError, ValueError, ImportError, FileExistsError, FileNotFoundError) as err:  # incl. BundleError
         print(f"q2real {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -53,6 +53,8 @@ class TaskEnv(VecEnv):
         lo, hi = dr.action_latency
         self._latency = torch.randint(lo, hi + 1, (n,), generator=dr_gen).to(self.device)
         self.action_dim = self.task.action_dim
+        self.action_scale, self.action_offset = self.task.command_scale, self.task.command_offset
+        self.control_period = spec.control_period
         self._action_queue = torch.zeros(n, hi + 1, self.action_dim, device=self.device)
         self._steps = torch.zeros(n, dtype=torch.long, device=self.device)
         self._rows = torch.arange(n, device=self.device)

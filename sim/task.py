@@ -25,9 +25,9 @@ class TaskConfig:
 class Task(ABC):
     """Observation, reward, cost, termination and reset distribution of one task on one robot.
 
-    Actions in [-1, 1] are mapped to actuator commands from the robot spec alone: torque-controlled
-    joints get `action * effort_limit`, position-controlled joints get a target around the default
-    pose scaled to the position limits.
+    Actions in [-1, 1] are mapped to joint commands from the robot spec alone
+    (`command_offset + command_scale * action`): torque-controlled joints get `action * effort_limit`,
+    position-controlled joints get a target around the default pose scaled to the position limits.
     """
 
     robot: str
@@ -50,10 +50,12 @@ class Task(ABC):
         limits = torch.tensor(spec.array("position_limits"), dtype=torch.float32, device=device)
         default = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
         if spec.control_mode == "torque":
-            self._ctrl_scale, self._ctrl_offset = effort / gear, torch.zeros_like(effort)
+            self.command_scale, self.command_offset = effort, torch.zeros_like(effort)
         else:
-            self._ctrl_scale = torch.minimum(limits[:, 1] - default, default - limits[:, 0]).clamp(max=math.pi)
-            self._ctrl_offset = default
+            self.command_scale = torch.minimum(limits[:, 1] - default, default - limits[:, 0]).clamp(max=math.pi)
+            self.command_offset = default
+        # MuJoCo ctrl is the command divided by the actuator gear (1 for position actuators).
+        self._gear = gear if spec.control_mode == "torque" else torch.ones_like(gear)
 
     @property
     def action_dim(self) -> int:
@@ -61,7 +63,7 @@ class Task(ABC):
 
     def action_to_ctrl(self, action: torch.Tensor) -> torch.Tensor:
         """Map policy actions in [-1, 1] to MuJoCo `ctrl` through the robot spec."""
-        return self._ctrl_offset + self._ctrl_scale * action
+        return (self.command_offset + self.command_scale * action) / self._gear
 
     @abstractmethod
     def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

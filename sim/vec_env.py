@@ -51,6 +51,12 @@ class VecEnv(ABC):
     obs_names: tuple[str, ...]
     """Names of the observation terms, in order (one entry per term, see `obs_dims`)."""
     obs_dims: tuple[int, ...]
+    action_scale: torch.Tensor
+    action_offset: torch.Tensor
+    """The command an action in [-1, 1] stands for is `action_offset + action_scale * action`, in the
+    robot's units (N m, N or rad per joint for q2real tasks); policy bundles bake this in."""
+    control_period: float | None
+    """Seconds between actions, where the env knows it."""
 
     @abstractmethod
     def reset(self, seed: int | None = None) -> torch.Tensor:

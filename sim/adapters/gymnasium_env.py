@@ -41,6 +41,11 @@ class GymnasiumEnv(VecEnv):
             raise ValueError(f"env.task: 'gymnasium:{env_id}': action space must be bounded, got {act_space}")
         self._low = act_space.low.astype(np.float64)
         self._half_range = (act_space.high.astype(np.float64) - self._low) / 2
+        self.action_scale = torch.as_tensor(self._half_range.ravel(), dtype=torch.float32, device=self.device)
+        offset = (self._low + self._half_range).ravel()
+        self.action_offset = torch.as_tensor(offset, dtype=torch.float32, device=self.device)
+        dt = getattr(self._env.envs[0].unwrapped, "dt", None) if hasattr(self._env, "envs") else None
+        self.control_period = float(dt) if dt else None
         self.obs_dim = int(np.prod(obs_space.shape))
         self.action_dim = int(np.prod(act_space.shape))
         self.obs_names, self.obs_dims = ("observation",), (self.obs_dim,)

@@ -47,6 +47,9 @@ class PlaygroundEnv(VecEnv):
         self.num_envs = n = config.num_envs
         self.episode_length = int(self._env._config.episode_length)
         self.action_dim = int(self._env.action_size)
+        self.control_period = float(self._env.dt)
+        self.action_scale = torch.ones(self.action_dim, device=self.device)
+        self.action_offset = torch.zeros(self.action_dim, device=self.device)
         self._key = jax.random.PRNGKey(config.seed)
         env = self._env
 

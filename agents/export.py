@@ -1,0 +1,151 @@
+"""Export a training run's deterministic policy as a policy bundle (ONNX + metadata).
+
+The observation normalizer and the action-to-command scaling are baked into the graph, as rsl_rl
+does, so the robot side feeds raw observations and gets joint commands; the metadata is written
+into the ONNX file and to an identical JSON sidecar. Loading and validation live in
+`q2real.deploy_ros.bundle`, which does not need torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
+from q2real.agents.common.run_dir import git_state
+from q2real.agents.train import TrainConfig, build_agent
+from q2real.configs.loader import load, to_dict
+from q2real.deploy_ros.bundle import METADATA_KEY, SCHEMA_VERSION, read_metadata
+from q2real.sim import VecEnv, make
+
+# Opset 17 runs on every onnxruntime from 1.14 on, including the ARM builds robot computers ship.
+OPSET = 17
+
+
+class DeployPolicy(nn.Module):
+    """raw obs -> normalize -> deterministic actor -> clip to [-1, 1] -> joint commands."""
+
+    def __init__(self, agent: ActorCritic, scale: torch.Tensor, offset: torch.Tensor):
+        super().__init__()
+        self.obs_norm = copy.deepcopy(agent.obs_norm).cpu()
+        self.actor = copy.deepcopy(agent.actor).cpu()
+        self.register_buffer("scale", scale.detach().cpu().float())
+        self.register_buffer("offset", offset.detach().cpu().float())
+        self.eval()
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.offset + self.scale * self.actor(self.obs_norm(obs)).clamp(-1.0, 1.0)
+
+
+def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int) -> dict:
+    """The metadata document; every number at full precision (JSON floats are float64)."""
+    spec = getattr(env, "spec", None)
+    robot = None
+    if spec is not None:
+        robot = {
+            "name": spec.name,
+            "sha256": spec.sha256,
+            "control_mode": spec.control_mode,
+            "joint_names": spec.joint_names,
+            "default_pose": spec.array("default_position").tolist(),
+            # JSON has no infinity; an unbounded side (continuous joint) is null.
+            "position_limits": [
+                [x if math.isfinite(x) else None for x in pair] for pair in spec.array("position_limits").tolist()
+            ],
+            "velocity_limits": spec.array("velocity_limit").tolist(),
+            "effort_limits": spec.array("effort_limit").tolist(),
+            "kp": spec.array("kp").tolist(),
+            "kd": spec.array("kd").tolist(),
+        }
+    if env.control_period is None:
+        raise ValueError(f"{config.env.task}: the env does not say its control period; a bundle needs one")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "task": config.env.task,
+        "robot": robot,
+        "control_period": env.control_period,
+        "observation": {
+            "dim": env.obs_dim,
+            "terms": [{"name": n, "dim": d} for n, d in zip(env.obs_names, env.obs_dims, strict=True)],
+            "normalization": {
+                "baked_in": agent.obs_norm.enabled,
+                "clip": agent.obs_norm.clip,
+            },
+        },
+        "action": {
+            "dim": env.action_dim,
+            "clip": [-1.0, 1.0],
+            "scale": env.action_scale.double().tolist(),
+            "offset": env.action_offset.double().tolist(),
+            "output": "offset + scale * clip(policy(obs), -1, 1), in the robot's units",
+        },
+        "io": {
+            "input": {"name": "obs", "shape": ["batch", env.obs_dim]},
+            "output": {"name": "actions", "shape": ["batch", env.action_dim]},
+        },
+        "training": {"algo": config.algo, "env_steps": step, "config": to_dict(config)},
+        "git_sha": git_state(Path(__file__).resolve().parent)["git_sha"],
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "opset": OPSET,
+    }
+
+
+def load_run_policy(run_dir: Path) -> tuple[TrainConfig, VecEnv, ActorCritic, int]:
+    """Config, a one-env CPU instance of the task, and the agent restored from the run's checkpoint."""
+    for name in ("config.yaml", CHECKPOINT):
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(f"{run_dir}: not a training run directory (no {name})")
+    config = load(TrainConfig, str(run_dir / "config.yaml"))
+    env = make(dataclasses.replace(config.env, num_envs=1, device="cpu"))
+    agent = build_agent(config, env)
+    state = load_checkpoint(run_dir / CHECKPOINT, "cpu")
+    agent.load_state_dict(state["agent"])
+    agent.eval()
+    return config, env, agent, int(state["step"])
+
+
+def export_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Write `<run_dir>/policy.onnx` (or `output`) and its `.json` sidecar; returns the ONNX path."""
+    run_dir = Path(run_dir)
+    config, env, agent, step = load_run_policy(run_dir)
+    try:
+        return write_bundle(config, env, agent, step, Path(output) if output else run_dir / "policy.onnx")
+    finally:
+        env.close()
+
+
+def write_bundle(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int, output: Path) -> Path:
+    """Export `agent`'s deterministic policy for `env` to `output` (atomically) plus the JSON sidecar."""
+    policy = DeployPolicy(agent, env.action_scale, env.action_offset)
+    meta = bundle_metadata(config, env, agent, step)
+    tmp = output.with_name(f".{output.name}.tmp")
+    torch.onnx.export(
+        policy,
+        (torch.zeros(1, meta["observation"]["dim"]),),
+        str(tmp),
+        input_names=["obs"],
+        output_names=["actions"],
+        dynamic_axes={"obs": {0: "batch"}, "actions": {0: "batch"}},
+        opset_version=OPSET,
+        dynamo=False,
+    )
+    model = onnx.load(str(tmp))
+    text = json.dumps(meta, indent=2, allow_nan=False)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, text
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(tmp))
+    os.replace(tmp, output)
+    output.with_suffix(output.suffix + ".json").write_text(text)
+    read_metadata(output)  # refuse to hand out a bundle our own loader would refuse
+    return output
