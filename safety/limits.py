@@ -1,0 +1,39 @@
+"""The deterministic per-joint rules, as small pure functions on numpy arrays (one entry per joint)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rate_window(previous: np.ndarray, max_velocity: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray]:
+    """ros2_control's position window: the previous *command* +- v_max * dt (not the measured position,
+    which lags the command by a few cycles and would make the limit needlessly conservative)."""
+    step = max_velocity * dt
+    return previous - step, previous + step
+
+
+def effort_window(
+    q: np.ndarray, qd: np.ndarray, kp: np.ndarray, kd: np.ndarray, max_effort: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Targets q* for which the PD torque kp (q* - q) - kd qd stays within +-max_effort (kp > 0 joints;
+    joints with kp = 0 get an unbounded window, their torque does not depend on q*)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo = np.where(kp > 0, q + (kd * qd - max_effort) / kp, -np.inf)
+        hi = np.where(kp > 0, q + (kd * qd + max_effort) / kp, np.inf)
+    return lo, hi
+
+
+def gain_scale(
+    target: np.ndarray, q: np.ndarray, qd: np.ndarray, kp: np.ndarray, kd: np.ndarray, max_effort: np.ndarray
+) -> np.ndarray:
+    """Per-joint factor in (0, 1] on (kp, kd) that brings the PD torque within +-max_effort when moving
+    the target alone could not (e.g. kd |qd| already exceeds the limit)."""
+    torque = np.abs(kp * (target - q) - kd * qd)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(torque > max_effort, max_effort / torque, 1.0)
+
+
+def outward_effort_zeroed(effort: np.ndarray, q: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """ros2_control's effort rule: at or beyond a position limit, effort pushing further out is zeroed."""
+    pushing_out = ((q >= upper) & (effort > 0)) | ((q <= lower) & (effort < 0))
+    return np.where(pushing_out, 0.0, effort)

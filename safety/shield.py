@@ -1,0 +1,321 @@
+"""The safety shield: every control tick, turn (joint state, policy action) into a command that is
+finite and within the robot's position, velocity and effort limits, whatever the inputs were.
+
+Order of one tick (each rule sets its bit in `Command.flags` when it acts):
+  1. state validity   all spec joints present (matched by name, any order), finite, within the hard
+                      limits + tolerance (beyond: ESTOP), fresh; otherwise the last valid state is used
+                      and, once none is fresher than `max_state_age`, RUN falls back to HOLD/DAMP
+  2. policy output    missing or late (deadline miss) or non-finite or misshaped -> the previous
+                      target is held for this tick and never forwarded; N in a row -> HOLD/DAMP
+  3. learned veto     an optional veto may replace the action with the fallback (hold) before any clamp
+  4. clip + map       a in [-clip, clip]; q* = offset + scale a (position control) or tau = scale a (torque)
+  5. soft limits      q* inside the soft position window (hard limits shrunk by `soft_limit_margin`)
+  6. rate             |q* - previous q*| <= v_max dt, referenced to the previous command (ros2_control)
+  7. effort           |kp (q* - q) - kd qd| <= tau_max by moving q* toward q within the rate and hard
+                      position windows, and only if that is not enough, by scaling kp and kd down
+The deterministic rules 4-7 always run last, so no veto, policy or sensor value can bypass them.
+
+Modes: PASSIVE -> RAMP (measured pose to default pose over `ramp_time`; refused if too far) -> RUN ->
+HOLD (arms) or DAMP (legged) -> ESTOP (latched). Escalation is automatic; de-escalation (`reset`) is the
+operator's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from q2real.hardware import RobotSpec
+from q2real.safety.flags import Mode, Rule
+from q2real.safety.limits import effort_window, gain_scale, outward_effort_zeroed, rate_window
+
+Veto = Callable[[np.ndarray, np.ndarray, np.ndarray], bool]
+"""veto(q, qd, action) -> True when the action is unsafe and must be replaced by the fallback."""
+
+
+@dataclass
+class ShieldConfig:
+    fallback: Literal["hold", "damp"] = "hold"
+    """What RUN drops to on its own: a stiff hold (arms) or damping with kp = 0 (legged robots)."""
+    action_clip: float = 1.0
+    action_scale: tuple[float, ...] | None = None
+    """Per joint; None maps [-1, 1] as q2real's tasks do (torque: effort limit; position: to the limits)."""
+    action_offset: tuple[float, ...] | None = None
+    """Per joint; None means the default pose (position control) or zero torque."""
+    soft_limit_margin: float = 0.05
+    """Fraction of each bounded joint's range kept free inside the hard limits."""
+    position_tolerance: float = 0.05
+    """How far (rad or m) a measured position may lie beyond a hard limit before it is a fault."""
+    max_state_age: float = 0.1
+    """Seconds without a valid, fresh joint state before RUN falls back."""
+    deadline: float | None = None
+    """Seconds the policy may take; None means half the control period."""
+    max_deadline_misses: int = 3
+    max_bad_actions: int = 3
+    ramp_time: float = 2.0
+    ramp_max_distance: float = 1.0
+    """Largest |measured - default| (rad or m) from which RAMP may start."""
+    damp_kd: float = 1.0
+    """Damping for DAMP (and for joints whose spec has kd = 0)."""
+
+
+@dataclass
+class Command:
+    """What to send to the joints: PD targets and gains plus feed-forward effort, in spec order."""
+
+    mode: Mode
+    position: np.ndarray
+    kp: np.ndarray
+    kd: np.ndarray
+    effort: np.ndarray
+    flags: Rule
+    reason: str = ""
+    """Set on the tick the mode changed: why."""
+
+
+@dataclass
+class Counters:
+    rules: dict[str, int] = field(default_factory=lambda: {r.name: 0 for r in Rule})
+    ticks: int = 0
+
+    def add(self, flags: Rule) -> None:
+        self.ticks += 1
+        for rule in Rule:
+            if flags & rule:
+                self.rules[rule.name] += 1
+
+
+class Shield:
+    def __init__(self, spec: RobotSpec, config: ShieldConfig | None = None, veto: Veto | None = None):
+        self.spec, self.config, self.veto = spec, config or ShieldConfig(), veto
+        cfg = self.config
+        n = spec.num_joints
+        self.names = spec.joint_names
+        self._index = {name: i for i, name in enumerate(self.names)}
+        limits = spec.array("position_limits")
+        self.hard_lo, self.hard_hi = limits[:, 0], limits[:, 1]
+        span = np.where(np.isfinite(self.hard_hi - self.hard_lo), self.hard_hi - self.hard_lo, 0.0)
+        self.soft_lo = self.hard_lo + cfg.soft_limit_margin * span
+        self.soft_hi = self.hard_hi - cfg.soft_limit_margin * span
+        self.max_velocity = spec.array("velocity_limit")
+        self.max_effort = spec.array("effort_limit")
+        self.default = spec.array("default_position")
+        self.kp, self.kd = spec.array("kp"), spec.array("kd")
+        self.dt = spec.control_period
+        self.deadline = cfg.deadline if cfg.deadline is not None else 0.5 * self.dt
+        self.torque = spec.control_mode == "torque"
+        if cfg.action_scale is not None:
+            self.scale = np.asarray(cfg.action_scale, dtype=float)
+        elif self.torque:
+            self.scale = self.max_effort.copy()
+        else:
+            self.scale = np.minimum(np.minimum(self.hard_hi - self.default, self.default - self.hard_lo), math.pi)
+        self.offset = (
+            np.asarray(cfg.action_offset, dtype=float)
+            if cfg.action_offset is not None
+            else (np.zeros(n) if self.torque else self.default.copy())
+        )
+        if self.scale.shape != (n,) or self.offset.shape != (n,):
+            raise ValueError(f"shield: action_scale/action_offset need {n} entries (joints {self.names})")
+        self.hold_kd = np.where(self.kd > 0, self.kd, cfg.damp_kd)
+        self.mode = Mode.PASSIVE
+        self.counters = Counters()
+        self._q = self._qd = None
+        self._last_valid: float | None = None
+        self._previous = np.clip(self.default, self.hard_lo, self.hard_hi)
+        self._misses = self._bad = 0
+        self._ramp_from: np.ndarray | None = None
+        self._ramp_ticks = 0
+        self._pending_reason = ""
+
+    # --- operator inputs -------------------------------------------------------------------------
+    def start(self) -> bool:
+        """PASSIVE -> RAMP, if a valid state is known and the robot is close enough to the default pose."""
+        if self.mode != Mode.PASSIVE or self._q is None:
+            return False
+        distance = float(np.max(np.abs(self._q - self.default)))
+        if distance > self.config.ramp_max_distance:
+            self._pending_reason = (
+                f"ramp refused: measured pose is {distance:.3f} from the default pose "
+                f"(limit {self.config.ramp_max_distance})"
+            )
+            self.counters.rules[Rule.RAMP_REFUSED.name] += 1
+            return False
+        self._ramp_from = np.clip(self._q, self.hard_lo, self.hard_hi)
+        self._previous = self._ramp_from.copy()
+        self._ramp_ticks = 0
+        self._set_mode(Mode.RAMP, "operator start: ramping from the measured pose to the default pose")
+        return True
+
+    def run(self) -> bool:
+        """RAMP (finished) -> RUN."""
+        if self.mode != Mode.RAMP or self._ramp_ticks * self.dt < self.config.ramp_time:
+            return False
+        self._misses = self._bad = 0
+        self._set_mode(Mode.RUN, "operator run: policy in control")
+        return True
+
+    def estop(self, reason: str = "operator e-stop") -> None:
+        self._set_mode(Mode.ESTOP, reason)
+
+    def reset(self) -> None:
+        """The only way out of ESTOP, HOLD or DAMP: back to PASSIVE."""
+        if self.mode in (Mode.ESTOP, Mode.HOLD, Mode.DAMP):
+            self._set_mode(Mode.PASSIVE, "operator reset")
+
+    def _set_mode(self, mode: Mode, reason: str) -> None:
+        if mode != self.mode:
+            self.mode = mode
+            self._pending_reason = reason
+
+    def _fall_back(self, reason: str) -> None:
+        if self.mode in (Mode.RUN, Mode.RAMP):
+            self._set_mode(Mode.HOLD if self.config.fallback == "hold" else Mode.DAMP, reason)
+
+    # --- one tick --------------------------------------------------------------------------------
+    def _read_state(self, names: Sequence[str], position, velocity, stamp: float, now: float) -> Rule:
+        flags = Rule(0)
+        n = len(self.names)
+        q, qd, seen = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
+        try:
+            position = np.asarray(position, dtype=float).reshape(-1)
+            velocity = np.asarray(velocity, dtype=float).reshape(-1)
+            pairs = list(zip(names, position, velocity, strict=True))
+        except (TypeError, ValueError):
+            return Rule.STATE_MISSING
+        for name, p, v in pairs:
+            i = self._index.get(name)
+            if i is not None:
+                q[i], qd[i], seen[i] = p, v, True
+        if not seen.all():
+            flags |= Rule.STATE_MISSING
+        if not (np.isfinite(q).all() and np.isfinite(qd).all()):
+            flags |= Rule.STATE_NONFINITE
+        if not (math.isfinite(stamp) and math.isfinite(now)) or not (-self.config.max_state_age <= now - stamp):
+            flags |= Rule.STATE_STALE
+        elif now - stamp > self.config.max_state_age:
+            flags |= Rule.STATE_STALE
+        if flags & (Rule.STATE_MISSING | Rule.STATE_NONFINITE):
+            return flags
+        tol = self.config.position_tolerance
+        if np.any(q < self.hard_lo - tol) or np.any(q > self.hard_hi + tol):
+            worst = self.names[int(np.argmax(np.maximum(self.hard_lo - q, q - self.hard_hi)))]
+            self.estop(f"joint '{worst}' measured beyond its hard limit + {tol}: sensor or calibration fault")
+            return flags | Rule.STATE_OUT_OF_LIMITS
+        if not flags & Rule.STATE_STALE:
+            self._q, self._qd, self._last_valid = q, qd, stamp
+        return flags
+
+    def _action(self, action, policy_time: float | None) -> tuple[np.ndarray | None, Rule]:
+        if action is None or (policy_time is not None and not policy_time <= self.deadline):
+            self._misses += 1
+            if self._misses >= self.config.max_deadline_misses:
+                self._fall_back(f"{self._misses} consecutive policy deadline misses")
+            return None, Rule.DEADLINE_MISS
+        self._misses = 0
+        try:
+            action = np.asarray(action, dtype=float).reshape(-1)
+        except (TypeError, ValueError):
+            action = np.full(0, np.nan)
+        flag = Rule(0)
+        if action.shape != (len(self.names),):
+            flag = Rule.ACTION_SHAPE
+        elif not np.isfinite(action).all():
+            flag = Rule.ACTION_NONFINITE
+        if flag:
+            self._bad += 1
+            if self._bad >= self.config.max_bad_actions:
+                self._fall_back(f"{self._bad} consecutive unusable policy outputs ({flag.name})")
+            return None, flag
+        self._bad = 0
+        return action, Rule(0)
+
+    def tick(
+        self,
+        names: Sequence[str],
+        position,
+        velocity,
+        stamp: float,
+        now: float,
+        action=None,
+        policy_time: float | None = None,
+    ) -> Command:
+        """One control tick. `action` is the policy output in [-1, 1] (None when the policy produced
+        nothing in time); `stamp` is when the state was measured and `now` the tick time (seconds)."""
+        flags = self._read_state(names, position, velocity, stamp, now)
+        age = self.config.max_state_age
+        # A clock that jumps backwards past the last valid state makes it as untrustworthy as an old one.
+        if self._last_valid is None or not (-age <= now - self._last_valid <= age):
+            flags |= Rule.STATE_STALE
+            self._fall_back("no valid, fresh joint state within max_state_age")
+        target = self._previous.copy()
+        effort = np.zeros(len(self.names))
+        if self.mode == Mode.RUN:
+            action, action_flags = self._action(action, policy_time)
+            flags |= action_flags
+            if action is not None and self.veto is not None and self._q is not None:
+                if self.veto(self._q.copy(), self._qd.copy(), action.copy()):
+                    flags |= Rule.VETO
+                    action = None
+            state_ok = not flags & (Rule.STATE_MISSING | Rule.STATE_NONFINITE | Rule.STATE_STALE)
+            if action is not None and self.mode == Mode.RUN and state_ok:
+                clipped = np.clip(action, -self.config.action_clip, self.config.action_clip)
+                if np.any(clipped != action):
+                    flags |= Rule.ACTION_CLIPPED
+                if self.torque:
+                    effort = self.offset + self.scale * clipped
+                else:
+                    target = self.offset + self.scale * clipped
+        elif self.mode == Mode.RAMP:
+            self._ramp_ticks += 1
+            alpha = min(1.0, self._ramp_ticks * self.dt / self.config.ramp_time)
+            target = (1 - alpha) * self._ramp_from + alpha * self.default
+        return self._finish(target, effort, flags)
+
+    def _finish(self, target: np.ndarray, effort: np.ndarray, flags: Rule) -> Command:
+        mode = self.mode
+        n = len(self.names)
+        q = self._q if self._q is not None else self._previous
+        qd = self._qd if self._qd is not None else np.zeros(n)
+        stiff = mode in (Mode.RAMP, Mode.RUN, Mode.HOLD) or (mode == Mode.ESTOP and self.config.fallback == "hold")
+        if self.torque or not stiff:
+            kp = np.zeros(n)
+            kd = np.zeros(n) if mode == Mode.PASSIVE or (self.torque and mode == Mode.RUN) else self.hold_kd.copy()
+            target = np.clip(q, self.hard_lo, self.hard_hi)
+        else:
+            kp, kd = self.kp.copy(), self.kd.copy()
+            soft = np.clip(target, self.soft_lo, self.soft_hi)
+            if np.any(soft != target):
+                flags |= Rule.POSITION_LIMIT
+            lo, hi = rate_window(self._previous, self.max_velocity, self.dt)
+            lo, hi = np.maximum(lo, self.hard_lo), np.minimum(hi, self.hard_hi)
+            rated = np.clip(soft, lo, hi)
+            if np.any(rated != soft):
+                flags |= Rule.RATE_LIMIT
+            e_lo, e_hi = effort_window(q, qd, kp, kd, self.max_effort)
+            feasible = np.clip(np.clip(rated, e_lo, e_hi), lo, hi)
+            if np.any(feasible != rated):
+                flags |= Rule.EFFORT_LIMIT
+            target = feasible
+        if not self.torque:
+            scale = gain_scale(target, q, qd, kp, kd, self.max_effort)
+            if np.any(scale < 1.0):
+                flags |= Rule.GAIN_REDUCED
+                kp, kd = kp * scale, kd * scale
+        if self.torque:
+            limited = np.clip(effort, -self.max_effort, self.max_effort)
+            limited = outward_effort_zeroed(limited, q, self.hard_lo, self.hard_hi)
+            if np.any(limited != effort):
+                flags |= Rule.EFFORT_LIMIT
+            damping = np.abs(kd * qd)
+            headroom = np.maximum(self.max_effort - damping, 0.0)
+            effort = np.clip(limited, -headroom, headroom)
+            kd = np.where(damping > self.max_effort, kd * self.max_effort / np.maximum(damping, 1e-12), kd)
+        self._previous = target
+        self.counters.add(flags)
+        reason, self._pending_reason = self._pending_reason, ""
+        return Command(mode, target.copy(), kp, kd, effort, flags, reason)

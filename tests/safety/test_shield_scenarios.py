@@ -1,0 +1,205 @@
+"""Scenario tests: each mode transition, the ramp, the watchdog, deadline misses and veto polarity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from q2real.hardware import JointSpec, RobotSpec, robot_spec
+from q2real.safety import Mode, Rule, Shield, ShieldConfig
+
+DT = 0.01
+
+
+def arm() -> RobotSpec:
+    joints = tuple(
+        JointSpec(f"j{i}", (-2.0, 2.0), velocity_limit=2.0, effort_limit=50.0, default_position=0.5, kp=100.0, kd=5.0)
+        for i in range(2)
+    )
+    return RobotSpec("arm2", Path("unused.xml"), "position", DT, joints, Path("arm2.yaml"))
+
+
+class Clock:
+    def __init__(self, shield: Shield, q=(0.5, 0.5)):
+        self.shield, self.now, self.q = shield, 0.0, np.array(q, dtype=float)
+
+    def tick(self, action=None, names=("j0", "j1"), q=None, stamp=None, policy_time=0.001):
+        self.now += DT
+        q = self.q if q is None else np.asarray(q, dtype=float)
+        order = [int(n[1]) for n in names]
+        return self.shield.tick(
+            list(names),
+            q[order],
+            np.zeros(len(names)),
+            self.now if stamp is None else stamp,
+            self.now,
+            action,
+            policy_time,
+        )
+
+
+def running(config: ShieldConfig | None = None, veto=None) -> tuple[Shield, Clock]:
+    shield = Shield(arm(), config or ShieldConfig(ramp_time=0.1), veto=veto)
+    clock = Clock(shield)
+    clock.tick()
+    assert shield.start()
+    for _ in range(10):
+        clock.tick()
+    assert shield.run() and shield.mode == Mode.RUN
+    return shield, clock
+
+
+def test_passive_until_started_and_ramp_refused_when_too_far() -> None:
+    shield = Shield(arm(), ShieldConfig(ramp_max_distance=0.3))
+    clock = Clock(shield, q=(1.5, 0.5))
+    cmd = clock.tick(action=np.ones(2))
+    assert cmd.mode == Mode.PASSIVE and (cmd.kp == 0).all() and (cmd.kd == 0).all()
+    assert not shield.start()
+    cmd = clock.tick()
+    assert cmd.mode == Mode.PASSIVE and "ramp refused" in cmd.reason
+    assert shield.counters.rules["RAMP_REFUSED"] == 1
+    assert not shield.run()  # no RUN without a ramp
+
+
+def test_ramp_moves_from_the_measured_pose_to_default_within_the_rate_limit() -> None:
+    shield = Shield(arm(), ShieldConfig(ramp_time=0.5))
+    clock = Clock(shield, q=(0.0, 1.0))
+    clock.tick()
+    assert shield.start()
+    targets = [clock.tick().position for _ in range(60)]
+    assert np.allclose(targets[0], [0.0, 1.0], atol=0.03)  # starts at the measured pose, not at default
+    assert np.allclose(targets[-1], [0.5, 0.5])
+    steps = np.abs(np.diff(np.array(targets), axis=0))
+    assert steps.max() <= 2.0 * DT + 1e-12
+    assert not Shield(arm()).run()
+
+
+def test_run_maps_actions_and_clips_them() -> None:
+    shield, clock = running()
+    for _ in range(200):
+        cmd = clock.tick(action=np.array([0.5, -3.0]))
+        clock.q = cmd.position  # a robot that tracks its targets
+    assert cmd.mode == Mode.RUN and cmd.flags & Rule.ACTION_CLIPPED
+    assert np.allclose(cmd.position, [0.5 + 1.5 * 0.5, 0.5 - 1.5])  # default + scale * clip(a)
+
+
+def test_soft_limits_sit_inside_the_hard_limits() -> None:
+    shield, clock = running(ShieldConfig(ramp_time=0.1, action_scale=(3.0, 3.0)))
+    for _ in range(300):
+        cmd = clock.tick(action=np.array([1.0, -1.0]))
+        clock.q = cmd.position
+    # hard limits +-2 shrunk by 5% of the 4 rad range
+    assert np.allclose(cmd.position, [1.8, -1.8]) and cmd.flags & Rule.POSITION_LIMIT
+
+
+def test_joints_are_matched_by_name_not_order() -> None:
+    shield, clock = running()
+    for _ in range(200):
+        forward = clock.tick(action=np.array([0.2, -0.2]), names=("j0", "j1"))
+    swapped = clock.tick(action=np.array([0.2, -0.2]), names=("j1", "j0"))
+    assert np.allclose(forward.position, swapped.position)
+
+
+def test_non_finite_action_is_held_never_forwarded_and_repeats_fall_back() -> None:
+    shield, clock = running(ShieldConfig(ramp_time=0.1, max_bad_actions=3))
+    held = clock.tick(action=np.zeros(2)).position
+    cmd = clock.tick(action=np.array([np.nan, 1.0]))
+    assert cmd.flags & Rule.ACTION_NONFINITE and np.array_equal(cmd.position, held) and cmd.mode == Mode.RUN
+    clock.tick(action=np.array([np.inf, 1.0]))
+    cmd = clock.tick(action=np.array([np.inf, 1.0]))
+    assert cmd.mode == Mode.HOLD and "unusable policy outputs" in cmd.reason
+    assert np.array_equal(cmd.position, held) and (cmd.kp > 0).all()
+
+
+def test_deadline_misses_hold_then_fall_back_to_damp_on_a_legged_config() -> None:
+    shield, clock = running(ShieldConfig(ramp_time=0.1, fallback="damp", max_deadline_misses=2))
+    clock.tick(action=np.zeros(2))
+    late = clock.tick(action=np.ones(2), policy_time=0.9)  # computed, but too late: not used
+    assert late.flags & Rule.DEADLINE_MISS and late.mode == Mode.RUN and not (late.position > 0.6).any()
+    cmd = clock.tick(action=None)
+    assert cmd.mode == Mode.DAMP and (cmd.kp == 0).all() and (cmd.kd > 0).all()
+    assert "deadline misses" in cmd.reason
+
+
+def test_watchdog_drops_run_when_the_state_goes_stale() -> None:
+    shield, clock = running(ShieldConfig(ramp_time=0.1, max_state_age=0.05))
+    held = clock.tick(action=np.zeros(2)).position
+    frozen = clock.now  # the joint state stops updating: every message repeats this stamp
+    modes = []
+    for _ in range(10):
+        cmd = clock.tick(action=np.ones(2), stamp=frozen)
+        modes.append(cmd.mode)
+        if cmd.flags & Rule.STATE_STALE:
+            assert np.allclose(cmd.position, held) or cmd.mode == Mode.HOLD
+    assert modes[:4] == [Mode.RUN] * 4  # within max_state_age the state is still fresh enough
+    assert shield.mode == Mode.HOLD and Mode.HOLD in modes[4:6]
+    assert shield.counters.rules["STATE_STALE"] >= 5
+
+
+def test_missing_joint_is_held_and_out_of_limit_state_latches_estop() -> None:
+    shield, clock = running()
+    cmd = clock.tick(action=np.ones(2), names=("j0",))
+    assert cmd.flags & Rule.STATE_MISSING and cmd.mode == Mode.RUN
+    cmd = clock.tick(action=np.zeros(2), q=(2.5, 0.5))
+    assert cmd.mode == Mode.ESTOP and cmd.flags & Rule.STATE_OUT_OF_LIMITS and "j0" in cmd.reason
+    for _ in range(20):  # healthy state again: still latched
+        cmd = clock.tick(action=np.zeros(2))
+        assert cmd.mode == Mode.ESTOP
+    assert not shield.start() and not shield.run()
+    shield.reset()
+    assert clock.tick().mode == Mode.PASSIVE and shield.start()
+
+
+@pytest.mark.parametrize("unsafe", [True, False])
+def test_veto_polarity(unsafe: bool) -> None:
+    calls = []
+
+    def veto(q, qd, action):
+        calls.append(action)
+        return unsafe
+
+    shield, clock = running(veto=veto)
+    before = clock.tick(action=np.zeros(2)).position
+    for _ in range(100):
+        cmd = clock.tick(action=np.array([1.0, 1.0]))
+    assert calls and np.allclose(calls[-1], [1.0, 1.0])
+    if unsafe:
+        assert cmd.flags & Rule.VETO and np.array_equal(cmd.position, before), "a vetoed action got through"
+    else:
+        assert not cmd.flags & Rule.VETO and (cmd.position > before).all()
+
+
+def test_veto_cannot_bypass_the_deterministic_limits() -> None:
+    shield, clock = running(veto=lambda q, qd, a: False)
+    cmd = clock.tick(action=np.array([50.0, -50.0]))
+    assert np.abs(cmd.position - 0.5).max() <= 2.0 * DT + 1e-12
+
+
+def test_effort_feasibility_moves_the_target_toward_the_measured_pose() -> None:
+    shield, clock = running()
+    clock.q = np.array([0.5, 0.5])
+    for _ in range(300):
+        cmd = clock.tick(action=np.array([1.0, -1.0]), q=(0.5, 0.5))
+    # kp (q* - q) is capped at 50 N m with kp = 100: |q* - q| <= 0.5
+    assert np.allclose(np.abs(cmd.position - 0.5), 0.5) and cmd.flags & Rule.EFFORT_LIMIT
+
+
+def test_torque_robot_from_a_shipped_spec() -> None:
+    spec = robot_spec("cartpole")
+    shield = Shield(spec, ShieldConfig(ramp_time=0.02))
+    now = 0.0
+
+    def tick(action, q=0.0):
+        nonlocal now
+        now += spec.control_period
+        return shield.tick(["slider"], [q], [0.0], now, now, action)
+
+    tick(None)
+    assert shield.start()
+    tick(None), tick(None), tick(None)
+    assert shield.run()
+    assert np.allclose(tick(np.array([0.5])).effort, [5.0])
+    assert np.allclose(tick(np.array([9.0])).effort, [10.0])
+    assert np.allclose(tick(np.array([1.0]), q=1.8).effort, [0.0])  # at the end stop, no push further out
