@@ -25,13 +25,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Literal
 
 import numpy as np
 
 from q2real.hardware import RobotSpec
 from q2real.safety.flags import Mode, Rule
-from q2real.safety.limits import effort_window, gain_scale, outward_effort_zeroed, rate_window
+from q2real.safety.limits import clip, effort_window, gain_scale, outward_effort_zeroed, rate_window
+
+# Plain ints in the per-tick path: IntFlag arithmetic costs microseconds per operation.
+R = SimpleNamespace(**{rule.name: int(rule) for rule in Rule})
+_BITS = [(rule.name, int(rule)) for rule in Rule]
 
 Veto = Callable[[np.ndarray, np.ndarray, np.ndarray], bool]
 """veto(q, qd, action) -> True when the action is unsafe and must be replaced by the fallback."""
@@ -82,11 +87,12 @@ class Counters:
     rules: dict[str, int] = field(default_factory=lambda: {r.name: 0 for r in Rule})
     ticks: int = 0
 
-    def add(self, flags: Rule) -> None:
+    def add(self, flags: int) -> None:
         self.ticks += 1
-        for rule in Rule:
-            if flags & rule:
-                self.rules[rule.name] += 1
+        if flags:
+            for name, bit in _BITS:
+                if flags & bit:
+                    self.rules[name] += 1
 
 
 class Shield:
@@ -126,7 +132,7 @@ class Shield:
         self.counters = Counters()
         self._q = self._qd = None
         self._last_valid: float | None = None
-        self._previous = np.clip(self.default, self.hard_lo, self.hard_hi)
+        self._previous = clip(self.default, self.hard_lo, self.hard_hi)
         self._misses = self._bad = 0
         self._ramp_from: np.ndarray | None = None
         self._ramp_ticks = 0
@@ -143,9 +149,9 @@ class Shield:
                 f"ramp refused: measured pose is {distance:.3f} from the default pose "
                 f"(limit {self.config.ramp_max_distance})"
             )
-            self.counters.rules[Rule.RAMP_REFUSED.name] += 1
+            self.counters.rules["RAMP_REFUSED"] += 1
             return False
-        self._ramp_from = np.clip(self._q, self.hard_lo, self.hard_hi)
+        self._ramp_from = clip(self._q, self.hard_lo, self.hard_hi)
         self._previous = self._ramp_from.copy()
         self._ramp_ticks = 0
         self._set_mode(Mode.RAMP, "operator start: ramping from the measured pose to the default pose")
@@ -178,7 +184,7 @@ class Shield:
 
     # --- one tick --------------------------------------------------------------------------------
     def _read_state(self, names: Sequence[str], position, velocity, stamp: float, now: float) -> Rule:
-        flags = Rule(0)
+        flags = 0
         n = len(self.names)
         q, qd, seen = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
         try:
@@ -186,27 +192,30 @@ class Shield:
             velocity = np.asarray(velocity, dtype=float).reshape(-1)
             pairs = list(zip(names, position, velocity, strict=True))
         except (TypeError, ValueError):
-            return Rule.STATE_MISSING
-        for name, p, v in pairs:
-            i = self._index.get(name)
-            if i is not None:
-                q[i], qd[i], seen[i] = p, v, True
+            return R.STATE_MISSING
+        if list(names) == self.names:  # the common case: the robot publishes in spec order
+            q[:], qd[:], seen[:] = position, velocity, True
+        else:
+            for name, p, v in pairs:
+                i = self._index.get(name)
+                if i is not None:
+                    q[i], qd[i], seen[i] = p, v, True
         if not seen.all():
-            flags |= Rule.STATE_MISSING
+            flags |= R.STATE_MISSING
         if not (np.isfinite(q).all() and np.isfinite(qd).all()):
-            flags |= Rule.STATE_NONFINITE
+            flags |= R.STATE_NONFINITE
         if not (math.isfinite(stamp) and math.isfinite(now)) or not (-self.config.max_state_age <= now - stamp):
-            flags |= Rule.STATE_STALE
+            flags |= R.STATE_STALE
         elif now - stamp > self.config.max_state_age:
-            flags |= Rule.STATE_STALE
-        if flags & (Rule.STATE_MISSING | Rule.STATE_NONFINITE):
+            flags |= R.STATE_STALE
+        if flags & (R.STATE_MISSING | R.STATE_NONFINITE):
             return flags
         tol = self.config.position_tolerance
-        if np.any(q < self.hard_lo - tol) or np.any(q > self.hard_hi + tol):
+        if (q < self.hard_lo - tol).any() or (q > self.hard_hi + tol).any():
             worst = self.names[int(np.argmax(np.maximum(self.hard_lo - q, q - self.hard_hi)))]
             self.estop(f"joint '{worst}' measured beyond its hard limit + {tol}: sensor or calibration fault")
-            return flags | Rule.STATE_OUT_OF_LIMITS
-        if not flags & Rule.STATE_STALE:
+            return flags | R.STATE_OUT_OF_LIMITS
+        if not flags & R.STATE_STALE:
             self._q, self._qd, self._last_valid = q, qd, stamp
         return flags
 
@@ -215,24 +224,24 @@ class Shield:
             self._misses += 1
             if self._misses >= self.config.max_deadline_misses:
                 self._fall_back(f"{self._misses} consecutive policy deadline misses")
-            return None, Rule.DEADLINE_MISS
+            return None, R.DEADLINE_MISS
         self._misses = 0
         try:
             action = np.asarray(action, dtype=float).reshape(-1)
         except (TypeError, ValueError):
             action = np.full(0, np.nan)
-        flag = Rule(0)
+        flag = 0
         if action.shape != (len(self.names),):
-            flag = Rule.ACTION_SHAPE
+            flag = R.ACTION_SHAPE
         elif not np.isfinite(action).all():
-            flag = Rule.ACTION_NONFINITE
+            flag = R.ACTION_NONFINITE
         if flag:
             self._bad += 1
             if self._bad >= self.config.max_bad_actions:
-                self._fall_back(f"{self._bad} consecutive unusable policy outputs ({flag.name})")
+                self._fall_back(f"{self._bad} consecutive unusable policy outputs ({Rule(flag).name})")
             return None, flag
         self._bad = 0
-        return action, Rule(0)
+        return action, 0
 
     def tick(
         self,
@@ -250,7 +259,7 @@ class Shield:
         age = self.config.max_state_age
         # A clock that jumps backwards past the last valid state makes it as untrustworthy as an old one.
         if self._last_valid is None or not (-age <= now - self._last_valid <= age):
-            flags |= Rule.STATE_STALE
+            flags |= R.STATE_STALE
             self._fall_back("no valid, fresh joint state within max_state_age")
         target = self._previous.copy()
         effort = np.zeros(len(self.names))
@@ -259,13 +268,13 @@ class Shield:
             flags |= action_flags
             if action is not None and self.veto is not None and self._q is not None:
                 if self.veto(self._q.copy(), self._qd.copy(), action.copy()):
-                    flags |= Rule.VETO
+                    flags |= R.VETO
                     action = None
-            state_ok = not flags & (Rule.STATE_MISSING | Rule.STATE_NONFINITE | Rule.STATE_STALE)
+            state_ok = not flags & (R.STATE_MISSING | R.STATE_NONFINITE | R.STATE_STALE)
             if action is not None and self.mode == Mode.RUN and state_ok:
-                clipped = np.clip(action, -self.config.action_clip, self.config.action_clip)
-                if np.any(clipped != action):
-                    flags |= Rule.ACTION_CLIPPED
+                clipped = clip(action, -self.config.action_clip, self.config.action_clip)
+                if (clipped != action).any():
+                    flags |= R.ACTION_CLIPPED
                 if self.torque:
                     effort = self.offset + self.scale * clipped
                 else:
@@ -285,37 +294,37 @@ class Shield:
         if self.torque or not stiff:
             kp = np.zeros(n)
             kd = np.zeros(n) if mode == Mode.PASSIVE or (self.torque and mode == Mode.RUN) else self.hold_kd.copy()
-            target = np.clip(q, self.hard_lo, self.hard_hi)
+            target = clip(q, self.hard_lo, self.hard_hi)
         else:
             kp, kd = self.kp.copy(), self.kd.copy()
-            soft = np.clip(target, self.soft_lo, self.soft_hi)
-            if np.any(soft != target):
-                flags |= Rule.POSITION_LIMIT
+            soft = clip(target, self.soft_lo, self.soft_hi)
+            if (soft != target).any():
+                flags |= R.POSITION_LIMIT
             lo, hi = rate_window(self._previous, self.max_velocity, self.dt)
             lo, hi = np.maximum(lo, self.hard_lo), np.minimum(hi, self.hard_hi)
-            rated = np.clip(soft, lo, hi)
-            if np.any(rated != soft):
-                flags |= Rule.RATE_LIMIT
+            rated = clip(soft, lo, hi)
+            if (rated != soft).any():
+                flags |= R.RATE_LIMIT
             e_lo, e_hi = effort_window(q, qd, kp, kd, self.max_effort)
-            feasible = np.clip(np.clip(rated, e_lo, e_hi), lo, hi)
-            if np.any(feasible != rated):
-                flags |= Rule.EFFORT_LIMIT
+            feasible = clip(clip(rated, e_lo, e_hi), lo, hi)
+            if (feasible != rated).any():
+                flags |= R.EFFORT_LIMIT
             target = feasible
         if not self.torque:
             scale = gain_scale(target, q, qd, kp, kd, self.max_effort)
-            if np.any(scale < 1.0):
-                flags |= Rule.GAIN_REDUCED
+            if (scale < 1.0).any():
+                flags |= R.GAIN_REDUCED
                 kp, kd = kp * scale, kd * scale
         if self.torque:
-            limited = np.clip(effort, -self.max_effort, self.max_effort)
+            limited = clip(effort, -self.max_effort, self.max_effort)
             limited = outward_effort_zeroed(limited, q, self.hard_lo, self.hard_hi)
-            if np.any(limited != effort):
-                flags |= Rule.EFFORT_LIMIT
+            if (limited != effort).any():
+                flags |= R.EFFORT_LIMIT
             damping = np.abs(kd * qd)
             headroom = np.maximum(self.max_effort - damping, 0.0)
-            effort = np.clip(limited, -headroom, headroom)
+            effort = clip(limited, -headroom, headroom)
             kd = np.where(damping > self.max_effort, kd * self.max_effort / np.maximum(damping, 1e-12), kd)
         self._previous = target
         self.counters.add(flags)
         reason, self._pending_reason = self._pending_reason, ""
-        return Command(mode, target.copy(), kp, kd, effort, flags, reason)
+        return Command(mode, target.copy(), kp, kd, effort, Rule(flags), reason)
