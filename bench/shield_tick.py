@@ -3,14 +3,16 @@
 Two specs with realistic limits: a 7-DoF arm (Franka Panda's published joint limits) and a 12-DoF
 quadruped (Unitree Go2-like). Each runs 20k ticks with a tracking robot and random policy actions
 (some outside [-1, 1]); prints p50/p99, writes bench/results/shield_tick.json and prints the same
-JSON as its last line. Headline key: tick_p99_us (the worse spec). The MuJoCo workspace (FK) stage is
-not implemented yet, so there is no FK column.
+JSON as its last line. Headline key: tick_p99_us (the worse spec, without FK). The workspace check
+(MuJoCo forward kinematics of the target) is timed separately on the one position-controlled MJCF at
+hand, the cartpole rail as a 1-DoF position robot.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,8 +48,24 @@ def quadruped12() -> RobotSpec:
     return RobotSpec("quadruped12", Path("unused.xml"), "position", 0.02, tuple(joints), Path("q12.yaml"))
 
 
-def measure(spec: RobotSpec, ticks: int) -> dict[str, float]:
-    shield = Shield(spec, ShieldConfig(fallback="hold", ramp_time=0.1))
+def cartpole_position(tmp: Path) -> RobotSpec:
+    import shutil
+
+    import yaml
+
+    from q2real.hardware import load_spec
+    from q2real.hardware.spec import HARDWARE_DIR
+
+    shutil.copy(HARDWARE_DIR / "cartpole" / "model.xml", tmp / "model.xml")
+    data = yaml.safe_load((HARDWARE_DIR / "cartpole" / "robot.yaml").read_text())
+    data["control_mode"] = "position"
+    data["joints"][0].update(kp=200.0, kd=10.0)
+    (tmp / "robot.yaml").write_text(yaml.safe_dump(data))
+    return load_spec(tmp / "robot.yaml")
+
+
+def measure(spec: RobotSpec, ticks: int, config: ShieldConfig | None = None) -> dict[str, float]:
+    shield = Shield(spec, config or ShieldConfig(fallback="hold", ramp_time=0.1))
     rng = np.random.default_rng(0)
     names = spec.joint_names
     q = spec.array("default_position").copy()
@@ -81,12 +99,22 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=20_000)
     args = parser.parse_args()
     rows = {"7-DoF arm": measure(arm7(), args.ticks), "12-DoF quadruped": measure(quadruped12(), args.ticks)}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = cartpole_position(Path(tmp))
+        box = dict(workspace_points=("cart",), workspace_lower=(-1.0, -1, -1), workspace_upper=(1.0, 1, 1))
+        fk = {
+            "without FK": measure(spec, args.ticks),
+            "with FK": measure(spec, args.ticks, ShieldConfig(fallback="hold", ramp_time=0.1, **box)),
+        }
     print(f"\nshield tick cost over {args.ticks} ticks in RUN (us)")
-    print(f"{'spec':<20}{'p50':>10}{'p99':>10}")
+    print(f"{'spec':<24}{'p50':>10}{'p99':>10}")
     for name, r in rows.items():
-        print(f"{name:<20}{r['p50_us']:>10.1f}{r['p99_us']:>10.1f}")
+        print(f"{name:<24}{r['p50_us']:>10.1f}{r['p99_us']:>10.1f}")
+    for name, r in fk.items():
+        print(f"{'1-DoF rail, ' + name:<24}{r['p50_us']:>10.1f}{r['p99_us']:>10.1f}")
     result = {
         "tick_p99_us": round(max(r["p99_us"] for r in rows.values()), 2),
+        "workspace_fk": {k: {m: round(v, 2) for m, v in r.items()} for k, r in fk.items()},
         "rows": {k: {m: round(v, 2) for m, v in r.items()} for k, r in rows.items()},
         "ticks": args.ticks,
     }

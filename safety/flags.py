@@ -39,3 +39,5 @@ class Rule(IntFlag):
     GAIN_REDUCED = 1 << 12
     """Even the closest feasible target could not keep the PD torque within the effort limit."""
     RAMP_REFUSED = 1 << 13
+    WORKSPACE = 1 << 14
+    """Forward kinematics of the target left the workspace box; the previous target was held."""

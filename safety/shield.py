@@ -11,9 +11,11 @@ Order of one tick (each rule sets its bit in `Command.flags` when it acts):
   4. clip + map       a in [-clip, clip]; q* = offset + scale a (position control) or tau = scale a (torque)
   5. soft limits      q* inside the soft position window (hard limits shrunk by `soft_limit_margin`)
   6. rate             |q* - previous q*| <= v_max dt, referenced to the previous command (ros2_control)
-  7. effort           |kp (q* - q) - kd qd| <= tau_max by moving q* toward q within the rate and hard
+  7. workspace        optional: if forward kinematics of q* puts a named site/body outside its box, the
+                      previous target is held instead
+  8. effort           |kp (q* - q) - kd qd| <= tau_max by moving q* toward q within the rate and hard
                       position windows, and only if that is not enough, by scaling kp and kd down
-The deterministic rules 4-7 always run last, so no veto, policy or sensor value can bypass them.
+The deterministic rules 4-8 always run last, so no veto, policy or sensor value can bypass them.
 
 Modes: PASSIVE -> RAMP (measured pose to default pose over `ramp_time`; refused if too far) -> RUN ->
 HOLD (arms) or DAMP (legged) -> ESTOP (latched). Escalation is automatic; de-escalation (`reset`) is the
@@ -66,6 +68,10 @@ class ShieldConfig:
     """Largest |measured - default| (rad or m) from which RAMP may start."""
     damp_kd: float = 1.0
     """Damping for DAMP (and for joints whose spec has kd = 0)."""
+    workspace_points: tuple[str, ...] = ()
+    """MJCF sites or bodies (e.g. the end effector) that must stay inside the workspace box; empty = off."""
+    workspace_lower: tuple[float, float, float] = (-math.inf, -math.inf, -math.inf)
+    workspace_upper: tuple[float, float, float] = (math.inf, math.inf, math.inf)
 
 
 @dataclass
@@ -93,6 +99,40 @@ class Counters:
             for name, bit in _BITS:
                 if flags & bit:
                     self.rules[name] += 1
+
+
+class Workspace:
+    """Forward kinematics of the robot's own MJCF (`mj_kinematics` on a private MjData) to keep named
+    sites or bodies inside an axis-aligned box."""
+
+    def __init__(self, spec: RobotSpec, config: ShieldConfig):
+        import mujoco
+
+        self._mujoco = mujoco
+        self.model = spec.load_model()
+        self.data = mujoco.MjData(self.model)
+        self.qpos_index = [
+            int(self.model.jnt_qposadr[mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, n)])
+            for n in spec.joint_names
+        ]
+        self.points = []
+        for name in config.workspace_points:
+            site = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, name)
+            body = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, name)
+            if site < 0 and body < 0:
+                raise ValueError(f"shield.workspace_points: '{name}' is neither a site nor a body of {spec.model_path}")
+            self.points.append(("site", site) if site >= 0 else ("body", body))
+        self.lower = np.asarray(config.workspace_lower, dtype=float)
+        self.upper = np.asarray(config.workspace_upper, dtype=float)
+
+    def positions(self, target: np.ndarray) -> np.ndarray:
+        self.data.qpos[self.qpos_index] = target
+        self._mujoco.mj_kinematics(self.model, self.data)
+        return np.array([self.data.site_xpos[i] if kind == "site" else self.data.xpos[i] for kind, i in self.points])
+
+    def contains(self, target: np.ndarray) -> bool:
+        points = self.positions(target)
+        return bool(((points >= self.lower) & (points <= self.upper)).all())
 
 
 class Shield:
@@ -128,6 +168,7 @@ class Shield:
         if self.scale.shape != (n,) or self.offset.shape != (n,):
             raise ValueError(f"shield: action_scale/action_offset need {n} entries (joints {self.names})")
         self.hold_kd = np.where(self.kd > 0, self.kd, cfg.damp_kd)
+        self.workspace = Workspace(spec, cfg) if cfg.workspace_points else None
         self.mode = Mode.PASSIVE
         self.counters = Counters()
         self._q = self._qd = None
@@ -305,6 +346,9 @@ class Shield:
             rated = clip(soft, lo, hi)
             if (rated != soft).any():
                 flags |= R.RATE_LIMIT
+            if self.workspace is not None and not self.workspace.contains(rated):
+                flags |= R.WORKSPACE
+                rated = self._previous.copy()
             e_lo, e_hi = effort_window(q, qd, kp, kd, self.max_effort)
             feasible = clip(clip(rated, e_lo, e_hi), lo, hi)
             if (feasible != rated).any():

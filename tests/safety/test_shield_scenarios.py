@@ -203,3 +203,41 @@ def test_torque_robot_from_a_shipped_spec() -> None:
     assert np.allclose(tick(np.array([0.5])).effort, [5.0])
     assert np.allclose(tick(np.array([9.0])).effort, [10.0])
     assert np.allclose(tick(np.array([1.0]), q=1.8).effort, [0.0])  # at the end stop, no push further out
+
+
+def test_workspace_box_holds_targets_whose_forward_kinematics_leave_it(tmp_path: Path) -> None:
+    import shutil
+
+    import yaml
+
+    from q2real.hardware import load_spec
+    from q2real.hardware.spec import HARDWARE_DIR
+
+    shutil.copy(HARDWARE_DIR / "cartpole" / "model.xml", tmp_path / "model.xml")
+    data = yaml.safe_load((HARDWARE_DIR / "cartpole" / "robot.yaml").read_text())
+    data["control_mode"] = "position"
+    data["joints"][0].update(kp=200.0, kd=10.0, effort_limit=1000.0)
+    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(data))
+    spec = load_spec(tmp_path / "robot.yaml")
+    box = dict(workspace_points=("cart",), workspace_lower=(-0.5, -1, -1), workspace_upper=(0.5, 1, 1))
+    shield = Shield(spec, ShieldConfig(ramp_time=0.05, **box))
+    now, q = 0.0, 0.0
+
+    def tick(action=None):
+        nonlocal now, q
+        now += spec.control_period
+        cmd = shield.tick(["slider"], [q], [0.0], now, now, action)
+        q = float(cmd.position[0])
+        return cmd
+
+    tick()
+    assert shield.start()
+    for _ in range(10):
+        tick()
+    assert shield.run()
+    for _ in range(500):
+        cmd = tick(np.array([1.0]))
+    assert 0.45 < cmd.position[0] <= 0.5 and cmd.flags & Rule.WORKSPACE
+    assert np.allclose(shield.workspace.positions(cmd.position)[0][0], cmd.position[0])
+    with pytest.raises(ValueError, match="neither a site nor a body"):
+        Shield(spec, ShieldConfig(workspace_points=("gripper",)))
