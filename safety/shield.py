@@ -226,23 +226,25 @@ class Shield:
     # --- one tick --------------------------------------------------------------------------------
     def _read_state(self, names: Sequence[str], position, velocity, stamp: float, now: float) -> Rule:
         flags = 0
-        n = len(self.names)
-        q, qd, seen = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
         try:
             position = np.asarray(position, dtype=float).reshape(-1)
             velocity = np.asarray(velocity, dtype=float).reshape(-1)
-            pairs = list(zip(names, position, velocity, strict=True))
+            names = list(names)
         except (TypeError, ValueError):
             return R.STATE_MISSING
-        if list(names) == self.names:  # the common case: the robot publishes in spec order
-            q[:], qd[:], seen[:] = position, velocity, True
+        if not len(names) == len(position) == len(velocity):
+            return R.STATE_MISSING
+        if names == self.names:  # the common case: the robot publishes in spec order
+            q, qd = position.copy(), velocity.copy()
         else:
-            for name, p, v in pairs:
+            n = len(self.names)
+            q, qd, seen = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
+            for name, p, v in zip(names, position, velocity, strict=True):
                 i = self._index.get(name)
                 if i is not None:
                     q[i], qd[i], seen[i] = p, v, True
-        if not seen.all():
-            flags |= R.STATE_MISSING
+            if not seen.all():
+                flags |= R.STATE_MISSING
         if not (np.isfinite(q).all() and np.isfinite(qd).all()):
             flags |= R.STATE_NONFINITE
         if not (math.isfinite(stamp) and math.isfinite(now)) or not (-self.config.max_state_age <= now - stamp):
