@@ -10,26 +10,6 @@ def clip(x: np.ndarray, lo, hi) -> np.ndarray:
     return np.minimum(np.maximum(x, lo), hi)
 
 
-def rate_window(previous: np.ndarray, max_velocity: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray]:
-    """ros2_control's position window: the previous *command* +- v_max * dt (not the measured position,
-    which lags the command by a few cycles and would make the limit needlessly conservative)."""
-    step = max_velocity * dt
-    return previous - step, previous + step
-
-
-def effort_window(
-    q: np.ndarray, qd: np.ndarray, kp: np.ndarray, kd: np.ndarray, max_effort: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Targets q* for which the PD torque kp (q* - q) - kd qd stays within +-max_effort (kp > 0 joints;
-    joints with kp = 0 get an unbounded window, their torque does not depend on q*)."""
-    stiff = kp > 0
-    safe_kp = np.where(stiff, kp, 1.0)
-    damping = kd * qd
-    lo = np.where(stiff, q + (damping - max_effort) / safe_kp, -np.inf)
-    hi = np.where(stiff, q + (damping + max_effort) / safe_kp, np.inf)
-    return lo, hi
-
-
 def gain_scale(
     target: np.ndarray, q: np.ndarray, qd: np.ndarray, kp: np.ndarray, kd: np.ndarray, max_effort: np.ndarray
 ) -> np.ndarray:

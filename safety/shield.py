@@ -34,7 +34,7 @@ import numpy as np
 
 from q2real.hardware import RobotSpec
 from q2real.safety.flags import Mode, Rule
-from q2real.safety.limits import clip, effort_window, gain_scale, outward_effort_zeroed, rate_window
+from q2real.safety.limits import clip, gain_scale, outward_effort_zeroed
 
 # Plain ints in the per-tick path: IntFlag arithmetic costs microseconds per operation.
 R = SimpleNamespace(**{rule.name: int(rule) for rule in Rule})
@@ -154,6 +154,8 @@ class Shield:
         self.dt = spec.control_period
         self.deadline = cfg.deadline if cfg.deadline is not None else 0.5 * self.dt
         self.torque = spec.control_mode == "torque"
+        if not self.torque and not (self.kp > 0).all():
+            raise ValueError(f"shield: {spec.source}: position-controlled joints need kp > 0 (got {self.kp.tolist()})")
         if cfg.action_scale is not None:
             self.scale = np.asarray(cfg.action_scale, dtype=float)
         elif self.torque:
@@ -169,6 +171,11 @@ class Shield:
             raise ValueError(f"shield: action_scale/action_offset need {n} entries (joints {self.names})")
         self.hold_kd = np.where(self.kd > 0, self.kd, cfg.damp_kd)
         self.workspace = Workspace(spec, cfg) if cfg.workspace_points else None
+        # Per-tick constants: the rate window half-width and, for PD joints, the target offset from the
+        # measured pose at which the PD torque reaches the effort limit.
+        self._step = self.max_velocity * self.dt
+        self._inv_kp = np.divide(1.0, self.kp, out=np.zeros(n), where=self.kp > 0)
+        self._effort_reach = self.max_effort * self._inv_kp
         self.mode = Mode.PASSIVE
         self.counters = Counters()
         self._q = self._qd = None
@@ -343,16 +350,17 @@ class Shield:
             soft = clip(target, self.soft_lo, self.soft_hi)
             if (soft != target).any():
                 flags |= R.POSITION_LIMIT
-            lo, hi = rate_window(self._previous, self.max_velocity, self.dt)
-            lo, hi = np.maximum(lo, self.hard_lo), np.minimum(hi, self.hard_hi)
+            lo = np.maximum(self._previous - self._step, self.hard_lo)
+            hi = np.minimum(self._previous + self._step, self.hard_hi)
             rated = clip(soft, lo, hi)
             if (rated != soft).any():
                 flags |= R.RATE_LIMIT
             if self.workspace is not None and not self.workspace.contains(rated):
                 flags |= R.WORKSPACE
                 rated = self._previous.copy()
-            e_lo, e_hi = effort_window(q, qd, kp, kd, self.max_effort)
-            feasible = clip(clip(rated, e_lo, e_hi), lo, hi)
+            # Position control requires kp > 0 (spec validation), so the effort window is always finite.
+            center = q + self.kd * qd * self._inv_kp
+            feasible = clip(clip(rated, center - self._effort_reach, center + self._effort_reach), lo, hi)
             if (feasible != rated).any():
                 flags |= R.EFFORT_LIMIT
             target = feasible
