@@ -268,6 +268,21 @@ class Trainer:
         return float(state["elapsed"])
 
 
+class Every:
+    """True once each time the env-step counter passes a multiple of `interval` (never for interval 0),
+    so schedules stay aligned across resumes."""
+
+    def __init__(self, interval: int, step: int):
+        self.interval = interval
+        self.next = (step // interval + 1) * interval if interval else math.inf
+
+    def due(self, step: int) -> bool:
+        if step < self.next:
+            return False
+        self.next += self.interval
+        return True
+
+
 class LogCallback(Callback):
     """Metrics every `log.interval_steps` env steps, and the progress bar."""
 
@@ -277,13 +292,10 @@ class LogCallback(Callback):
         self.progress = Progress(total, f"{cfg.algo} on {cfg.env.task}")
         self.progress.done = trainer.step
         self._last_step, self._last_time, self._last_updates = trainer.step, time.monotonic(), trainer.agent.updates
-        self._next = trainer.step + cfg.log.interval_steps
+        self._schedule = Every(cfg.log.interval_steps, trainer.step)
 
     def on_iteration(self, trainer: Trainer) -> None:
-        shown = {}
-        if trainer.step >= self._next:
-            self._next += trainer.config.log.interval_steps
-            shown = self.log(trainer)
+        shown = self.log(trainer) if self._schedule.due(trainer.step) else {}
         self.progress.update(trainer.env.num_envs, **shown)
 
     def log(self, trainer: Trainer) -> dict[str, float]:
@@ -312,12 +324,11 @@ class EvalCallback(Callback):
     """Deterministic evaluation every `eval_every` env steps and at the end; early stop on `stop_return`."""
 
     def on_start(self, trainer: Trainer) -> None:
-        every = trainer.config.eval_every
-        self._next = (trainer.step // every + 1) * every if every else math.inf
+        self._schedule = Every(trainer.config.eval_every, trainer.step)
+        self._done_at: int | None = None
 
     def on_iteration(self, trainer: Trainer) -> None:
-        if trainer.step >= self._next:
-            self._next += trainer.config.eval_every
+        if self._schedule.due(trainer.step):
             self._evaluate(trainer)
 
     def _evaluate(self, trainer: Trainer) -> None:
@@ -329,7 +340,7 @@ class EvalCallback(Callback):
             raise StopTraining
 
     def on_end(self, trainer: Trainer) -> None:
-        if getattr(self, "_done_at", None) == trainer.step:
+        if self._done_at == trainer.step:
             return
         try:
             self._evaluate(trainer)
@@ -341,12 +352,10 @@ class CheckpointCallback(Callback):
     """Atomic checkpoint every `checkpoint_every` env steps and at the end."""
 
     def on_start(self, trainer: Trainer) -> None:
-        every = trainer.config.checkpoint_every
-        self._next = (trainer.step // every + 1) * every if every else math.inf
+        self._schedule = Every(trainer.config.checkpoint_every, trainer.step)
 
     def on_iteration(self, trainer: Trainer) -> None:
-        if trainer.step >= self._next:
-            self._next += trainer.config.checkpoint_every
+        if self._schedule.due(trainer.step):
             trainer.save_checkpoint()
 
     def on_end(self, trainer: Trainer) -> None:
