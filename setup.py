@@ -10,6 +10,7 @@ setup(
     packages=[
         f"{NAMESPACE}.{folder}{'.' + sub if sub else ''}"
         for folder in FOLDERS
-        for sub in ["", *find_namespace_packages(folder, exclude=["*__pycache__*"])]
+        # deploy_ros/ros2 is a ROS 2 (ament_python) package of its own, built by colcon, not part of q2real.
+        for sub in ["", *find_namespace_packages(folder, exclude=["*__pycache__*", "ros2", "ros2.*"])]
     ],
 )

@@ -76,7 +76,10 @@ def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: 
         "control_period": env.control_period,
         "observation": {
             "dim": env.obs_dim,
-            "terms": [{"name": n, "dim": d} for n, d in zip(env.obs_names, env.obs_dims, strict=True)],
+            "terms": [
+                {"name": n, "dim": d} | ({"source": env.obs_sources[i]} if env.obs_sources else {})
+                for i, (n, d) in enumerate(zip(env.obs_names, env.obs_dims, strict=True))
+            ],
             "normalization": {
                 "baked_in": agent.obs_norm.enabled,
                 "clip": agent.obs_norm.clip,

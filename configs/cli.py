@@ -1,4 +1,4 @@
-"""The `q2real` command: `train`, `eval`, `export`, `envs`, `presets`, `rollout`.
+"""The `q2real` command: `train`, `eval`, `export`, `deploy`, `envs`, `presets`, `rollout`.
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-from q2real.configs.loader import ConfigError, list_presets, load, to_dict
+from q2real.configs.loader import ConfigError, list_presets, load, parse_overrides, to_dict
 
 
 def _envs(args: argparse.Namespace) -> int:
@@ -126,6 +126,32 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deploy(args: argparse.Namespace) -> int:
+    from q2real.deploy_ros.node import NodeConfig
+    from q2real.deploy_ros.session import deploy
+
+    config = load(NodeConfig, args.preset, args.overrides)
+    if args.sim and "autostart" not in parse_overrides(args.overrides):
+        config.autostart = True  # nobody at a keyboard needs to start a simulated robot
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        return 0
+    print(f"q2real deploy: {args.bundle} ({'sim robot, loopback DDS' if args.sim else 'waiting for the robot'})")
+    if not args.sim and not config.autostart:
+        print("press Enter to ramp to the default pose and hand over to the policy; Ctrl-C stops")
+    try:
+        summary = deploy(args.bundle, config, sim=args.sim, duration=args.duration, operator_start=not config.autostart)
+    except TimeoutError as err:
+        print(f"q2real deploy: error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"stopped after {summary.ticks} ticks in mode {summary.mode}; latency p50 {summary.latency_p50_ms:.3f} ms "
+        f"p99 {summary.latency_p99_ms:.3f} ms; loop deadline misses {summary.loop_deadline_misses}; "
+        f"refused messages {summary.refused_messages}; shield {summary.shield_counters or 'no interventions'}"
+    )
+    return 0
+
+
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", help="preset name (`q2real presets`) or YAML file, applied before overrides")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -153,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     envs.add_argument("--task", help="show one task's description and default task_params")
     envs.set_defaults(func=_envs)
     sub.add_parser("presets", help="list shipped config presets").set_defaults(func=_presets)
+    dep = sub.add_parser("deploy", help="run a policy bundle on a robot over ROS 2 (DDS), behind the shield")
+    dep.add_argument("bundle", metavar="BUNDLE", help="policy bundle (.onnx) from `q2real export`")
+    dep.add_argument("--sim", action="store_true", help="start the bundle's robot in simulation (loopback DDS)")
+    dep.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
+    _job_arguments(dep)
+    dep.set_defaults(func=_deploy)
     roll = sub.add_parser("rollout", help="run a random or zero policy through a task and log its returns")
     _job_arguments(roll)
     roll.set_defaults(func=_rollout)

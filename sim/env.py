@@ -65,6 +65,8 @@ class TaskEnv(VecEnv):
         self.obs_names = tuple(terms)
         self.obs_dims = tuple(t.shape[-1] for t in terms.values())
         self.obs_dim = sum(self.obs_dims)
+        sources = self.task.observation_sources()
+        self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
 
     def _initial(self, mask: torch.Tensor):
         qpos, qvel = self.task.initial_state(self.num_envs, self._gen)

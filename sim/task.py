@@ -73,6 +73,11 @@ class Task(ABC):
     def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
         """Named observation terms, each (num_envs, dim), concatenated in insertion order."""
 
+    def observation_sources(self) -> dict[str, dict] | None:
+        """Where each observation term comes from on a robot (see `q2real.deploy_ros.observation`), by
+        term name; None for a task that cannot be deployed. Policy bundles carry it to the robot."""
+        return None
+
     @abstractmethod
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         """Per-env reward after a step taken with `action` (the action that reached the actuators)."""

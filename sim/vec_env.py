@@ -51,6 +51,8 @@ class VecEnv(ABC):
     obs_names: tuple[str, ...]
     """Names of the observation terms, in order (one entry per term, see `obs_dims`)."""
     obs_dims: tuple[int, ...]
+    obs_sources: tuple[dict, ...] | None = None
+    """Per term, where it comes from on a robot (`q2real.deploy_ros.observation`); None if unknown."""
     action_scale: torch.Tensor
     action_offset: torch.Tensor
     """The command an action in [-1, 1] stands for is `action_offset + action_scale * action`, in the

@@ -56,6 +56,13 @@ class CartpoleSwingup(Task):
             "velocities": physics.qvel[:, [self._cart_v, self._pole_v]],
         }
 
+    def observation_sources(self) -> dict[str, dict]:
+        return {
+            "cart_position": {"kind": "joint_position", "joints": ["slider"]},
+            "pole_orientation": {"kind": "joint_position_cos_sin", "joints": ["hinge"]},
+            "velocities": {"kind": "joint_velocity", "joints": ["slider", "hinge"]},
+        }
+
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         upright = (torch.cos(physics.qpos[:, self._pole_q]) + 1) / 2
         centered = (1 + tolerance(physics.qpos[:, self._cart_q], (0.0, 0.0), 2.0)) / 2

@@ -40,6 +40,12 @@ class PendulumSwingup(Task):
             "pole_velocity": physics.qvel[:, self.qvel_index],
         }
 
+    def observation_sources(self) -> dict[str, dict]:
+        return {
+            "pole_orientation": {"kind": "joint_position_cos_sin", "joints": ["hinge"]},
+            "pole_velocity": {"kind": "joint_velocity", "joints": ["hinge"]},
+        }
+
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         angle = physics.qpos[:, self.qpos_index[0]]
         velocity = physics.qvel[:, self.qvel_index[0]]

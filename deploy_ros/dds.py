@@ -1,0 +1,165 @@
+"""ROS 2 on the wire without a ROS install: the cyclonedds binding, speaking as rmw_cyclonedds does.
+
+ROS 2 topic `/joint_states` is DDS topic `rt/joint_states`, private names (`~/estop`) resolve under
+the node's name, types carry their mangled names (`q2real.deploy_ros.messages`) and QoS is ROS 2's:
+the default profile (RELIABLE, VOLATILE, KEEP_LAST 10) for commands, e-stop and diagnostics, the
+sensor-data profile (BEST_EFFORT, KEEP_LAST 5) for reading joint states, which matches the
+joint_state_broadcaster's RELIABLE writer and any BEST_EFFORT one. Domain: `ROS_DOMAIN_ID`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from cyclonedds.core import Listener, Policy, Qos
+from cyclonedds.domain import DomainParticipant
+from cyclonedds.pub import DataWriter
+from cyclonedds.sub import DataReader
+from cyclonedds.topic import Topic
+from cyclonedds.util import duration
+
+from q2real.deploy_ros import messages as msg
+from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
+from q2real.deploy_ros.node import NODE_NAME, PolicyNode, Tick
+
+DEFAULT_QOS = Qos(
+    Policy.Reliability.Reliable(duration(milliseconds=100)),
+    Policy.Durability.Volatile,
+    Policy.History.KeepLast(10),
+)
+SENSOR_QOS = Qos(Policy.Reliability.BestEffort, Policy.Durability.Volatile, Policy.History.KeepLast(5))
+
+LOOPBACK = (
+    "<CycloneDDS><Domain><General><Interfaces><NetworkInterface name='lo'/></Interfaces>"
+    "<AllowMulticast>false</AllowMulticast></General><Discovery><Peers><Peer address='127.0.0.1'/></Peers>"
+    "<ParticipantIndex>auto</ParticipantIndex><MaxAutoParticipantIndex>64</MaxAutoParticipantIndex>"
+    "</Discovery></Domain></CycloneDDS>"
+)
+"""Cyclone settings for one machine with no network: loopback only, unicast discovery."""
+
+
+def use_loopback() -> None:
+    """Keep DDS traffic on this machine (sim-in-the-loop, tests), unless CYCLONEDDS_URI says otherwise.
+    Must run before the process's first participant is created."""
+    os.environ.setdefault("CYCLONEDDS_URI", LOOPBACK)
+
+
+def dds_topic(name: str, node: str = NODE_NAME) -> str:
+    """ROS 2 topic name -> DDS topic name: '/joint_states' -> 'rt/joint_states', '~/estop' ->
+    'rt/q2real_policy/estop'."""
+    if name.startswith("~/"):
+        name = f"/{node}/{name[2:]}"
+    if not name.startswith("/"):
+        name = "/" + name
+    if "//" in name or name.endswith("/") or len(name) < 2:
+        raise ValueError(f"topic '{name}': not a valid ROS 2 topic name")
+    return "rt" + name
+
+
+def domain_id() -> int:
+    raw = os.environ.get("ROS_DOMAIN_ID", "0")
+    if not raw.isdigit() or int(raw) > 232:
+        raise ValueError(f"ROS_DOMAIN_ID={raw!r}: expected an integer 0-232")
+    return int(raw)
+
+
+class Endpoints:
+    """One participant with typed readers and writers on ROS 2 topic names."""
+
+    def __init__(self, domain: int | None = None, node: str = NODE_NAME):
+        self.participant = DomainParticipant(domain_id() if domain is None else domain)
+        self.node = node
+        self._topics: dict[str, Topic] = {}
+
+    def _topic(self, name: str, kind: type) -> Topic:
+        dds_name = dds_topic(name, self.node)
+        if dds_name not in self._topics:
+            self._topics[dds_name] = Topic(self.participant, dds_name, kind)
+        return self._topics[dds_name]
+
+    def writer(self, name: str, kind: type, qos: Qos = DEFAULT_QOS) -> DataWriter:
+        return DataWriter(self.participant, self._topic(name, kind), qos=qos)
+
+    def reader(self, name: str, kind: type, on_message: Callable | None = None, qos: Qos = DEFAULT_QOS) -> DataReader:
+        listener = None
+        if on_message is not None:
+
+            def on_data_available(reader: DataReader) -> None:
+                for sample in reader.take(N=64):
+                    on_message(sample)
+
+            listener = Listener(on_data_available=on_data_available)
+        return DataReader(self.participant, self._topic(name, kind), qos=qos, listener=listener)
+
+
+class DdsNode:
+    """`PolicyNode` on DDS: subscriptions feed its inputs, its ticks go out as commands."""
+
+    def __init__(self, node: PolicyNode, domain: int | None = None, recorder=None):
+        self.node = node
+        self.recorder = recorder
+        config = node.config
+        topics = config.topics
+        self.dds = Endpoints(domain)
+        self.command_type = msg.JointTrajectory if config.command_style == "trajectory" else msg.Float64MultiArray
+        self.command_topic = config.command_topic()
+        self.command_writer = self.dds.writer(self.command_topic, self.command_type)
+        self.diagnostics_writer = self.dds.writer(topics.diagnostics, msg.DiagnosticArray)
+        self._first_names: list[str] | None = None
+        self._robot_seen = threading.Event()
+        self.readers = [
+            self.dds.reader(topics.joint_states, msg.JointState, self._on_joint_state, SENSOR_QOS),
+            self.dds.reader(topics.estop, msg.Bool, lambda m: node.on_estop(m.data)),
+            self.dds.reader(topics.reset, msg.Empty, lambda m: node.on_reset()),
+            self.dds.reader(topics.task_command, msg.Float64MultiArray, lambda m: node.on_task_command(m.data)),
+        ]
+        self._last_diagnostics = 0.0
+        self._last_mode = node.shield.mode
+
+    def _on_joint_state(self, m: msg.JointState) -> None:
+        if self._first_names is None:
+            self._first_names = list(m.name)
+            self._robot_seen.set()
+        self.node.on_joint_state(m.name, m.position, m.velocity, m.effort, m.header.stamp.seconds())
+
+    def wait_for_robot(self) -> None:
+        """Block until the robot's first joint state; refuse a robot whose joints differ from the bundle's."""
+        timeout = self.node.config.startup_timeout
+        if not self._robot_seen.wait(timeout):
+            raise TimeoutError(
+                f"no joint state on {dds_topic(self.node.config.topics.joint_states)} within {timeout} s "
+                f"(domain {domain_id()}): is the robot running?"
+            )
+        self.node.check_robot(self._first_names)
+
+    def publish(self, tick: Tick) -> None:
+        node = self.node
+        message = command_message(
+            msg, node.config.command_style, node.interface, node.names, tick.values, node.period, stamp_now(msg)
+        )
+        self.command_writer.write(message)
+        if self.recorder is not None:
+            self.recorder.write(tick, message)
+        mode = tick.command.mode
+        if mode != self._last_mode or tick.time - self._last_diagnostics >= node.config.diagnostics_period:
+            self._last_diagnostics, self._last_mode = tick.time, mode
+            report = node.diagnostics()
+            if tick.command.reason:
+                report["message"] = f"{report['message']}: {tick.command.reason}"
+            self.diagnostics_writer.write(diagnostics_message(msg, report, node.spec.name, stamp_now(msg)))
+
+    def run(self, stop: threading.Event) -> None:
+        self.wait_for_robot()
+        self.node.spin(stop, self.publish)
+
+
+def wait_for_match(writer: DataWriter, readers: int = 1, timeout: float = 5.0) -> None:
+    """Block until `writer` has matched `readers` readers (DDS discovery is asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while len(writer.get_matched_subscriptions()) < readers:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{writer.topic.name}: no matching reader within {timeout} s")
+        time.sleep(0.01)

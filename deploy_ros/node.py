@@ -1,0 +1,396 @@
+"""The deployment node's core: joint states in, shielded joint commands out, at the bundle's rate.
+
+Transport-agnostic: the DDS transport (`q2real.deploy_ros.dds`, ROS 2 wire format without a ROS
+install) and the rclpy node (`q2real.deploy_ros.rclpy_node`) both feed this class the same inputs
+and publish what it returns. Everything the node knows about the robot comes from the bundle.
+
+One tick: take the newest joint state (joints matched by name) -> observation as the bundle's
+metadata says -> policy (timed against the deadline) -> shield -> command in the robot's interface
+(effort for torque-controlled robots, position targets otherwise). Messages that could not have come
+from the robot the bundle was trained for (wrong lengths, unknown or missing joints, non-finite
+positions or velocities) are refused and counted; they never reach the shield or the command topic.
+
+Ticks are triggered by fresh joint states (`trigger: state`, the default: the observation is as young
+as the transport allows), one per control period, with the period's timer as the fallback when the
+robot goes quiet; `trigger: timer` ticks on the timer alone.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from q2real.configs.loader import merge
+from q2real.deploy_ros.bundle import BundleError, PolicyBundle
+from q2real.deploy_ros.observation import ObservationBuilder
+from q2real.hardware.spec import JointSpec, RobotSpec
+from q2real.safety.flags import Mode, Rule
+from q2real.safety.shield import Command, Shield, ShieldConfig
+
+NODE_NAME = "q2real_policy"
+
+
+@dataclass
+class TopicConfig:
+    """ROS 2 topic names; `~/` is private to the node (`/q2real_policy/...`)."""
+
+    joint_states: str = "/joint_states"
+    command: str | None = None
+    """None: ros2_control's default for the command style (forward or trajectory controller)."""
+    estop: str = "~/estop"
+    reset: str = "~/reset"
+    task_command: str = "~/command"
+    diagnostics: str = "/diagnostics"
+
+
+@dataclass
+class NodeConfig:
+    command_style: Literal["forward", "trajectory"] = "forward"
+    """`forward`: std_msgs/Float64MultiArray for a forward-command controller (joint order = the
+    bundle's); `trajectory`: a one-point trajectory_msgs/JointTrajectory (joints named)."""
+    controller: str | None = None
+    """Controller name for the default command topic; None: forward_command_controller or
+    joint_trajectory_controller."""
+    control_period: float | None = None
+    """Seconds per tick; None: the bundle's. Changing it changes the shield's rate windows too."""
+    trigger: Literal["state", "timer"] = "state"
+    autostart: bool = False
+    """Start the ramp on the first valid joint state and hand over to the policy when it ends; without
+    it the operator starts through `start()` (the CLI's Enter key)."""
+    extra_joints: tuple[str, ...] = ()
+    """Joints the robot publishes that the policy does not use (e.g. gripper fingers); any other
+    unknown joint name makes a joint state message malformed."""
+    startup_timeout: float = 5.0
+    """Seconds to wait for the robot's first joint state before giving up."""
+    diagnostics_period: float = 0.5
+    topics: TopicConfig = field(default_factory=TopicConfig)
+    shield: ShieldConfig = field(default_factory=ShieldConfig)
+    record: str | None = None
+    """Write every tick (observation, raw action, shielded command, flags) to this MCAP bag."""
+
+    def command_topic(self) -> str:
+        if self.topics.command:
+            return self.topics.command
+        if self.command_style == "trajectory":
+            return f"/{self.controller or 'joint_trajectory_controller'}/joint_trajectory"
+        return f"/{self.controller or 'forward_command_controller'}/commands"
+
+
+def config_from_parameters(parameters: dict) -> tuple[str, NodeConfig]:
+    """(bundle path, NodeConfig) from flat ROS 2 parameters such as {'policy.path': ..., 'shield.ramp_time':
+    1.0}; unknown names and wrong types are errors, as in a q2real config file."""
+    parameters = dict(parameters)
+    parameters.pop("use_sim_time", None)
+    bundle = parameters.pop("policy.path", None)
+    if not bundle:
+        raise ValueError(f"{NODE_NAME}: parameter policy.path: required (the policy bundle, .onnx)")
+    nested: dict = {}
+    for key, value in parameters.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return bundle, merge(NodeConfig(), nested, "ROS parameters")
+
+
+def spec_from_metadata(meta: dict, source: str, control_period: float | None = None) -> RobotSpec:
+    """The robot as the bundle describes it; the node reads nothing else about the robot."""
+    robot = meta.get("robot")
+    if robot is None:
+        raise BundleError(f"{source}: metadata.robot: missing; the node needs the robot's joints and limits")
+    joints = tuple(
+        JointSpec(
+            name=name,
+            position_limits=tuple(-math.inf if lo is None else lo for lo in pair[:1])
+            + tuple(math.inf if hi is None else hi for hi in pair[1:]),
+            velocity_limit=robot["velocity_limits"][i],
+            effort_limit=robot["effort_limits"][i],
+            default_position=robot["default_pose"][i],
+            kp=robot["kp"][i],
+            kd=robot["kd"][i],
+        )
+        for i, (name, pair) in enumerate(zip(robot["joint_names"], robot["position_limits"], strict=True))
+    )
+    # The bundle carries no MJCF, so `model_path` is the bundle itself and shield features that need
+    # the model (workspace forward kinematics) are unavailable on the node.
+    return RobotSpec(
+        name=robot["name"],
+        model_path=Path(source),
+        control_mode=robot["control_mode"],
+        control_period=control_period or float(meta["control_period"]),
+        joints=joints,
+        source=Path(source),
+    )
+
+
+@dataclass(frozen=True)
+class JointSample:
+    position: np.ndarray
+    """In `PolicyNode.joints` order."""
+    velocity: np.ndarray
+    stamp: float
+    """The message's header stamp (seconds, the robot's clock)."""
+    received: float
+    """time.monotonic() when it arrived: freshness is judged on the node's own clock."""
+
+
+@dataclass
+class Tick:
+    """What one tick did; the transport publishes `values` and the recorder logs the rest."""
+
+    time: float
+    observation: np.ndarray | None
+    raw_action: np.ndarray | None
+    """The policy's output in [-1, 1] (None when the policy did not run)."""
+    command: Command
+    values: np.ndarray
+    """Per bundle joint: effort (torque robots) or position target, as sent."""
+    state_stamp: float
+    latency: float
+    """Seconds from the joint state's arrival to the command being ready (NaN if no new state)."""
+
+
+class PolicyNode:
+    """Bundle + observation builder + shield, with the node's inputs and its tick."""
+
+    def __init__(self, bundle: str | Path, config: NodeConfig | None = None):
+        self.config = config = config or NodeConfig()
+        self.bundle = PolicyBundle(bundle)
+        source = str(bundle)
+        meta = self.bundle.info.metadata
+        self.spec = spec_from_metadata(meta, source, config.control_period)
+        self.period = self.spec.control_period
+        self.observation = ObservationBuilder(meta, source)
+        self.names = self.spec.joint_names
+        # Every joint a valid message must carry: the actuated ones and the ones the policy observes.
+        self.joints = tuple(self.names) + tuple(j for j in self.observation.joints if j not in self.names)
+        self._index = {name: i for i, name in enumerate(self.joints)}
+        self._allowed = set(self.joints) | set(config.extra_joints)
+        self._spec_rows = np.arange(len(self.names))
+        self._obs_rows = np.array([self._index[j] for j in self.observation.joints], dtype=np.intp)
+        action = meta["action"]
+        shield_config = config.shield
+        shield_config.action_scale = tuple(action["scale"])
+        shield_config.action_offset = tuple(action["offset"])
+        if shield_config.workspace_points:
+            raise BundleError(f"{source}: shield.workspace_points: the bundle carries no MJCF for forward kinematics")
+        self.shield = Shield(self.spec, shield_config)
+        self.torque = self.spec.control_mode == "torque"
+        self.interface = "effort" if self.torque else "position"
+        """The joints' command interface: an effort controller for torque robots, position otherwise."""
+        self._effort_limit = self.spec.array("effort_limit")
+        self._latest: JointSample | None = None
+        self._used: JointSample | None = None
+        self._arrived = threading.Event()
+        self._state_period = math.inf
+        """Smoothed seconds between joint states."""
+        self._estop = self._reset = self._start = self._handover = False
+        self._task_command = np.zeros(self.observation.command_dim)
+        self._last_action = np.zeros(self.bundle.info.action_dim, dtype=np.float32)
+        self.refused: Counter[str] = Counter()
+        self.last_refusal = ""
+        self.latencies: deque[float] = deque(maxlen=1000)
+        self.loop_misses = 0
+        self.ticks = 0
+
+    # --- inputs (any thread) ---------------------------------------------------------------------
+    def check_robot(self, names: list[str]) -> None:
+        """Refuse to run against a robot whose joint states do not match the bundle."""
+        missing = [n for n in self.joints if n not in names]
+        unknown = [n for n in names if n not in self._allowed]
+        if missing or unknown:
+            raise BundleError(
+                f"{self.bundle.path}: the robot's joint states do not match the bundle's robot "
+                f"'{self.spec.name}': missing {missing}, unknown {unknown} (robot publishes {list(names)}; "
+                "list joints the policy does not use in extra_joints)"
+            )
+
+    def on_joint_state(
+        self, names, position, velocity, effort, stamp: float, received: float | None = None
+    ) -> str | None:
+        """Store a joint state message; returns why it was refused, or None."""
+        received = time.monotonic() if received is None else received
+        reason = self._malformed(list(names), position, velocity, effort)
+        if reason is not None:
+            self.refused[reason.split(":")[0]] += 1
+            self.last_refusal = reason
+            return reason
+        rows = [self._index.get(n, -1) for n in names]
+        q = np.empty(len(self.joints))
+        qd = np.empty(len(self.joints))
+        for row, p, v in zip(rows, position, velocity, strict=True):
+            if row >= 0:
+                q[row], qd[row] = p, v
+        if self._latest is not None:
+            gap = received - self._latest.received
+            self._state_period = gap if math.isinf(self._state_period) else 0.9 * self._state_period + 0.1 * gap
+        self._latest = JointSample(q, qd, stamp, received)
+        self._arrived.set()
+        return None
+
+    def _malformed(self, names: list[str], position, velocity, effort) -> str | None:
+        n = len(names)
+        if len(position) != n or len(velocity) != n or len(effort) not in (0, n):
+            return (
+                f"lengths: {n} names, {len(position)} positions, {len(velocity)} velocities, "
+                f"{len(effort)} efforts (positions and velocities must match the names; efforts too or empty)"
+            )
+        if len(set(names)) != n:
+            return f"duplicate: joint names repeat in {names}"
+        unknown = [name for name in names if name not in self._allowed]
+        if unknown:
+            return f"unknown: joints {unknown} are not the bundle's ({list(self.joints)})"
+        missing = [name for name in self.joints if name not in names]
+        if missing:
+            return f"missing: joints {missing} absent"
+        used = [i for i, name in enumerate(names) if name in self._index]
+        if not (np.isfinite(np.asarray(position)[used]).all() and np.isfinite(np.asarray(velocity)[used]).all()):
+            return "nonfinite: a position or velocity is NaN or infinite (efforts may be NaN)"
+        return None
+
+    def on_estop(self, engaged: bool) -> None:
+        if engaged:
+            self._estop = True
+            self._arrived.set()  # tick now rather than at the next state
+
+    def on_reset(self) -> None:
+        self._reset = True
+
+    def start(self) -> None:
+        """Operator start: ramp to the default pose, then (after the ramp) hand over to the policy."""
+        self._start = True
+
+    def on_task_command(self, values) -> str | None:
+        values = np.asarray(values, dtype=float).reshape(-1)
+        if values.shape != self._task_command.shape or not np.isfinite(values).all():
+            reason = f"command: expected {self._task_command.size} finite values, got {values.tolist()}"
+            self.refused["command"] += 1
+            self.last_refusal = reason
+            return reason
+        self._task_command = values
+        return None
+
+    # --- the tick ----------------------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> Tick:
+        now = time.monotonic() if now is None else now
+        shield = self.shield
+        if self._estop:
+            self._estop = False
+            shield.estop("e-stop message")
+        if self._reset:
+            self._reset = False
+            shield.reset()
+        sample = self._latest
+        fresh = sample is not None and sample is not self._used
+        self._used = sample
+        # The shield knows the measured pose from earlier ticks; start() refuses without one.
+        if shield.mode == Mode.PASSIVE and (self._start or self.config.autostart) and shield.start():
+            self._start, self._handover = False, True
+        if shield.mode == Mode.RAMP and (self._handover or self.config.autostart) and shield.run():
+            self._handover = False
+        obs = raw = None
+        policy_time = None
+        if sample is not None and shield.mode == Mode.RUN:
+            obs = self.observation(
+                sample.position[self._obs_rows], sample.velocity[self._obs_rows], self._last_action, self._task_command
+            ).copy()
+            began = time.perf_counter()
+            commands = self.bundle(obs)
+            raw = self.bundle.normalized(commands)[0].astype(np.float64)
+            policy_time = time.perf_counter() - began
+            self._last_action[:] = np.clip(raw, -1.0, 1.0)
+        n = len(self.names)
+        if sample is None:
+            q, qd, received = np.full(n, np.nan), np.zeros(n), -math.inf
+        else:
+            q, qd, received = sample.position[self._spec_rows], sample.velocity[self._spec_rows], sample.received
+        command = shield.tick(self.names, q, qd, received, now, raw, policy_time)
+        if self.torque:
+            # An effort interface has no PD of its own: the shield's damping is applied here.
+            measured = q if sample is not None else command.position
+            values = command.effort + command.kp * (command.position - measured) - command.kd * qd
+            values = np.clip(values, -self._effort_limit, self._effort_limit)
+        else:
+            values = command.position
+        self.ticks += 1
+        latency = time.monotonic() - received if fresh else math.nan
+        if fresh:
+            self.latencies.append(latency)
+        return Tick(now, obs, raw, command, values, sample.stamp if sample else math.nan, latency)
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def spin(self, stop: threading.Event, publish) -> None:
+        """Tick until `stop` is set, calling `publish(tick)` after each tick."""
+        period = self.period
+        slack = 0.25 * period
+        next_at = time.monotonic() + period
+        while not stop.is_set():
+            # A robot much faster than the policy always has a fresh state: plain timer ticks then.
+            if self.config.trigger == "state" and self._state_period > 0.6 * period:
+                sample = self._wait_for_state(next_at - slack, next_at + slack, stop)
+            else:
+                _sleep_until(next_at)
+                sample = None
+            now = time.monotonic()
+            if now > next_at + 0.5 * period:
+                self.loop_misses += 1
+            publish(self.tick(now))
+            # Lock onto the state stream: the next tick is due one period after this state arrived.
+            next_at = (sample.received if sample is not None else next_at) + period
+            if next_at + slack < time.monotonic():
+                next_at = time.monotonic() + period  # overran: skip the lost slots, do not burst
+
+    def _wait_for_state(self, opens: float, closes: float, stop: threading.Event) -> JointSample | None:
+        """The first state not yet used, no earlier than `opens`; None at `closes` or on an e-stop."""
+        _sleep_until(opens)
+        while not stop.is_set():
+            self._arrived.clear()
+            latest = self._latest
+            if self._estop:
+                return None
+            if latest is not None and latest is not self._used:
+                return latest
+            remaining = closes - time.monotonic()
+            if remaining <= 0:
+                return None
+            self._arrived.wait(remaining)
+        return None
+
+    # --- diagnostics -------------------------------------------------------------------------------
+    def diagnostics(self) -> dict[str, Any]:
+        """Level (0 OK, 1 WARN, 2 ERROR), a message and key/value pairs for /diagnostics."""
+        shield = self.shield
+        mode = shield.mode
+        level = 2 if mode == Mode.ESTOP else 1 if mode in (Mode.HOLD, Mode.DAMP) or self.refused else 0
+        lat = np.array(self.latencies) * 1e3 if self.latencies else np.array([math.nan])
+        values = {
+            "mode": mode.name,
+            "ticks": self.ticks,
+            "loop_deadline_misses": self.loop_misses,
+            "policy_deadline_misses": shield.counters.rules["DEADLINE_MISS"],
+            "latency_p50_ms": f"{np.percentile(lat, 50):.3f}",
+            "latency_p99_ms": f"{np.percentile(lat, 99):.3f}",
+            "refused_messages": sum(self.refused.values()),
+            "last_refusal": self.last_refusal,
+        }
+        values |= {f"refused.{k}": v for k, v in sorted(self.refused.items())}
+        values |= {f"shield.{k}": v for k, v in shield.counters.rules.items() if v}
+        return {"level": level, "message": mode.name, "values": {k: str(v) for k, v in values.items()}}
+
+
+def flag_names(flags: int) -> str:
+    return "|".join(rule.name for rule in Rule if flags & rule) or "-"
+
+
+def _sleep_until(deadline: float) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining > 0:
+        time.sleep(remaining)

@@ -1,0 +1,119 @@
+"""The policy node as a ROS 2 (rclpy) node, for robots with ROS 2 installed.
+
+The same `PolicyNode` core as the DDS transport: only the plumbing differs. Parameters mirror
+`NodeConfig` field by field (`command_style`, `autostart`, `topics.joint_states`,
+`shield.fallback`, ...; `policy.path` is the bundle) and are checked as strictly as a q2real config
+file: an unknown parameter name stops the node with its name. The control tick runs on a timer in
+its own mutually exclusive callback group under a multi-threaded executor, so subscriptions only
+store the newest message and never delay a tick.
+
+Run: `ros2 run q2real_deploy policy_node --ros-args -p policy.path:=/path/policy.onnx`, or the launch
+file in `deploy_ros/ros2/launch`.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import rclpy
+from builtin_interfaces.msg import Duration, Time
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Bool, Empty, Float64MultiArray, Header, MultiArrayDimension, MultiArrayLayout
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
+from q2real.deploy_ros.node import NODE_NAME, PolicyNode, Tick, config_from_parameters
+
+MESSAGES = SimpleNamespace(
+    Time=Time,
+    Duration=Duration,
+    Header=Header,
+    MultiArrayDimension=MultiArrayDimension,
+    MultiArrayLayout=MultiArrayLayout,
+    Float64MultiArray=Float64MultiArray,
+    JointTrajectoryPoint=JointTrajectoryPoint,
+    JointTrajectory=JointTrajectory,
+    KeyValue=KeyValue,
+    DiagnosticStatus=DiagnosticStatus,
+    DiagnosticArray=DiagnosticArray,
+)
+"""rclpy's generated classes under the names `q2real.deploy_ros.commands` builds messages from."""
+
+COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+
+
+class RclpyPolicyNode(Node):
+    def __init__(self):
+        super().__init__(
+            NODE_NAME, allow_undeclared_parameters=True, automatically_declare_parameters_from_overrides=True
+        )
+        values = {name: p.value for name, p in self.get_parameters_by_prefix("").items()}
+        bundle, config = config_from_parameters(values)
+        self.core = core = PolicyNode(bundle, config)
+        topics = config.topics
+        style = config.command_style
+        command_type = JointTrajectory if style == "trajectory" else Float64MultiArray
+        self.command_pub = self.create_publisher(command_type, config.command_topic(), COMMAND_QOS)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, topics.diagnostics, 10)
+        self.create_subscription(JointState, topics.joint_states, self._on_joint_state, qos_profile_sensor_data)
+        self.create_subscription(Bool, topics.estop, lambda m: core.on_estop(m.data), 10)
+        self.create_subscription(Empty, topics.reset, lambda m: core.on_reset(), 10)
+        self.create_subscription(Float64MultiArray, topics.task_command, lambda m: core.on_task_command(m.data), 10)
+        self._checked = False
+        self._last_diagnostics = 0.0
+        self.create_timer(core.period, self._tick, callback_group=MutuallyExclusiveCallbackGroup())
+        self.get_logger().info(
+            f"{bundle}: {core.spec.name} joints {core.names}, {1 / core.period:g} Hz, commands on "
+            f"{config.command_topic()} ({style}), shield fallback {config.shield.fallback}"
+        )
+
+    def _on_joint_state(self, m: JointState) -> None:
+        if not self._checked:
+            self.core.check_robot(list(m.name))  # raises: the bundle is for another robot
+            self._checked = True
+        stamp = m.header.stamp.sec + m.header.stamp.nanosec * 1e-9
+        reason = self.core.on_joint_state(m.name, m.position, m.velocity, m.effort, stamp)
+        if reason is not None:
+            self.get_logger().warn(f"joint state refused: {reason}", throttle_duration_sec=1.0)
+
+    def _tick(self) -> None:
+        tick = self.core.tick()
+        self.publish(tick)
+
+    def publish(self, tick: Tick) -> None:
+        core = self.core
+        style = core.config.command_style
+        stamp = stamp_now(MESSAGES)
+        self.command_pub.publish(
+            command_message(MESSAGES, style, core.interface, core.names, tick.values, core.period, stamp)
+        )
+        if tick.command.reason:
+            self.get_logger().warn(f"shield: {tick.command.mode.name}: {tick.command.reason}")
+        if tick.command.reason or tick.time - self._last_diagnostics >= core.config.diagnostics_period:
+            self._last_diagnostics = tick.time
+            report = core.diagnostics()
+            self.diagnostics_pub.publish(diagnostics_message(MESSAGES, report, core.spec.name, stamp))
+
+
+def main(args=None) -> None:
+    rclpy.init(args=args)
+    node = RclpyPolicyNode()
+    executor = MultiThreadedExecutor()
+    executor.add_node(node)
+    if node.core.config.autostart is False:
+        threading.Thread(target=lambda: (input("Enter starts the ramp\n"), node.core.start()), daemon=True).start()
+    try:
+        executor.spin()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        node.core.shield.estop("node stopped")
+        node.publish(node.core.tick())
+        node.destroy_node()
+        rclpy.try_shutdown()

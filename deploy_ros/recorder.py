@@ -1,0 +1,82 @@
+"""Every tick to a rosbag2 MCAP bag: observation, raw action, shielded command, shield flags and mode.
+
+The bag opens with `ros2 bag info` / `ros2 bag play` and any MCAP viewer, and the bundle's metadata
+is its first message, so a bag can be replayed through the same observation builder and shield off
+the robot. Messages are serialized by the wire types themselves (their CDR is ROS 2's) on a
+background thread, so the control loop only enqueues.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from rosbags.rosbag2 import StoragePlugin, Writer
+from rosbags.typesys import Stores, get_typestore
+
+from q2real.deploy_ros import messages as msg
+from q2real.deploy_ros.node import NODE_NAME, Tick
+
+
+def _floats(kind: type, values) -> object:
+    data = [float(v) for v in np.asarray(values, dtype=np.float64).reshape(-1)]
+    dim = msg.MultiArrayDimension(label="values", size=len(data), stride=len(data))
+    return kind(layout=msg.MultiArrayLayout(dim=[dim], data_offset=0), data=data)
+
+
+class Recorder:
+    """Writes `<path>/` as a rosbag2 (version 9) directory with one MCAP file."""
+
+    def __init__(self, path: str | Path, command_topic: str, command_type: type, bundle_metadata: dict):
+        path = Path(path)
+        if path.exists():
+            raise FileExistsError(f"{path}: a bag is already there; rosbag2 never overwrites one")
+        self.typestore = get_typestore(Stores.ROS2_JAZZY)
+        self.writer = Writer(path, version=9, storage_plugin=StoragePlugin.MCAP)
+        self.writer.open()
+        prefix = f"/{NODE_NAME}"
+        topics = {
+            "bundle": (f"{prefix}/bundle", msg.String),
+            "observation": (f"{prefix}/observation", msg.Float32MultiArray),
+            "action_raw": (f"{prefix}/action_raw", msg.Float32MultiArray),
+            "command": (command_topic, command_type),
+            "flags": (f"{prefix}/shield_flags", msg.UInt32),
+            "mode": (f"{prefix}/shield_mode", msg.UInt32),
+        }
+        self.connections = {
+            key: self.writer.add_connection(name, msg.ROS_TYPES[kind], typestore=self.typestore)
+            for key, (name, kind) in topics.items()
+        }
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._drain, name="q2real-recorder", daemon=True)
+        self._thread.start()
+        self._put("bundle", time.time_ns(), msg.String(data=json.dumps(bundle_metadata)))
+
+    def _put(self, key: str, stamp: int, message) -> None:
+        self._queue.put((key, stamp, message))
+
+    def write(self, tick: Tick, command_message) -> None:
+        stamp = time.time_ns()
+        if tick.observation is not None:
+            self._put("observation", stamp, _floats(msg.Float32MultiArray, tick.observation))
+        if tick.raw_action is not None:
+            self._put("action_raw", stamp, _floats(msg.Float32MultiArray, tick.raw_action))
+        self._put("command", stamp, command_message)
+        self._put("flags", stamp, msg.UInt32(data=int(tick.command.flags)))
+        self._put("mode", stamp, msg.UInt32(data=int(tick.command.mode)))
+
+    def _drain(self) -> None:
+        while (item := self._queue.get()) is not None:
+            key, stamp, message = item
+            self.writer.write(self.connections[key], stamp, message.serialize())
+
+    def close(self) -> None:
+        """Flush everything queued and finish the bag (metadata.yaml); safe to call twice."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+            self.writer.close()
