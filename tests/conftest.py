@@ -4,5 +4,31 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+@pytest.fixture(scope="session")
+def trained_pendulum(tmp_path_factory: pytest.TempPathFactory):
+    """SAC trained on pendulum swing-up until its evaluation return reaches 300 (about 100 s on 2 cores).
+
+    Shared by the SAC learning test and the end-to-end deploy test, so the suite trains it once.
+    """
+    from q2real.agents.train import TrainConfig, train
+    from q2real.configs.loader import load
+
+    overrides = [
+        "algo=sac",
+        "total_steps=35000",
+        "eval_every=5000",
+        "stop_return=300",
+        "threads=2",
+        f"log.root={tmp_path_factory.mktemp('trained')}",
+        "log.name=sac-pendulum",
+        "log.tensorboard=false",
+        "sac.actor_hidden=[128,128]",
+        "sac.critic_hidden=[128,128]",
+    ]
+    return train(load(TrainConfig, None, overrides))

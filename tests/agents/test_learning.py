@@ -15,7 +15,6 @@ from q2real.agents.train import TrainConfig, train
 from q2real.configs.loader import load
 
 CASES = {
-    "sac": (35_000, 300.0, ["sac.actor_hidden=[128,128]", "sac.critic_hidden=[128,128]"]),
     "td3": (35_000, 200.0, ["td3.actor_hidden=[128,128]", "td3.critic_hidden=[128,128]"]),
     "flashsac": (
         30_000,
@@ -36,4 +35,15 @@ def test_learner_swings_up_the_pendulum(tmp_path: Path, algo: str) -> None:
     assert trainer.last_eval is not None
     assert trainer.last_eval >= threshold, (
         f"{algo}: eval return {trainer.last_eval:.1f} < {threshold} after {steps} steps"
+    )
+
+
+@pytest.mark.timeout(600)
+def test_sac_swings_up_the_pendulum(trained_pendulum) -> None:
+    """The run is the shared `trained_pendulum` fixture: 35k steps at most, threshold 300 (`stop_return`)."""
+    threshold = trained_pendulum.config.stop_return
+    assert threshold == 300.0
+    assert trained_pendulum.last_eval is not None
+    assert trained_pendulum.last_eval >= threshold, (
+        f"sac: eval return {trained_pendulum.last_eval:.1f} < {threshold} after {trained_pendulum.step} steps"
     )

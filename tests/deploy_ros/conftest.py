@@ -1,0 +1,56 @@
+"""Deploy fixtures: bundles exported from real (trained or freshly initialised) agents, and DDS kept on
+loopback with a separate domain per test so that processes of one test never hear another's."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from pathlib import Path
+
+import pytest
+
+from q2real.deploy_ros.dds import LOOPBACK
+
+os.environ.setdefault("CYCLONEDDS_URI", LOOPBACK)
+_domains = itertools.count(100 + os.getpid() % 50)
+
+
+def export_fresh_agent(task: str, output: Path) -> Path:
+    """A bundle of an untrained agent: real graph and metadata, arbitrary actions."""
+    from q2real.agents.export import write_bundle
+    from q2real.agents.train import TrainConfig, build_agent
+    from q2real.sim import make
+
+    config = TrainConfig()
+    config.env = dataclasses.replace(config.env, task=task, num_envs=1, device="cpu")
+    env = make(config.env)
+    try:
+        return write_bundle(config, env, build_agent(config, env), 0, output)
+    finally:
+        env.close()
+
+
+@pytest.fixture(scope="session")
+def pendulum_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_fresh_agent("pendulum_swingup", tmp_path_factory.mktemp("bundles") / "pendulum.onnx")
+
+
+@pytest.fixture(scope="session")
+def cartpole_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_fresh_agent("cartpole_swingup", tmp_path_factory.mktemp("bundles") / "cartpole.onnx")
+
+
+@pytest.fixture(scope="session")
+def trained_bundle(trained_pendulum, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from q2real.agents.export import export_run
+
+    return export_run(trained_pendulum.path, tmp_path_factory.mktemp("bundles") / "trained.onnx")
+
+
+@pytest.fixture
+def dds_domain(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A DDS domain of this test's own (child processes inherit it through ROS_DOMAIN_ID)."""
+    domain = next(_domains)
+    monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
+    return domain

@@ -1,0 +1,153 @@
+"""The node core without a transport: message validation, start-up checks, e-stop, staleness, parameters."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+
+from q2real.configs.loader import ConfigError
+from q2real.deploy_ros.bundle import METADATA_KEY, BundleError
+from q2real.deploy_ros.node import NodeConfig, PolicyNode, config_from_parameters
+from q2real.safety.flags import Mode
+from q2real.safety.shield import ShieldConfig
+
+DT = 0.02
+
+
+def _running_node(bundle, **shield) -> tuple[PolicyNode, float]:
+    """A pendulum node in RUN after a short ramp, with the clock at the returned time."""
+    node = PolicyNode(bundle, NodeConfig(autostart=True, shield=ShieldConfig(ramp_time=0.1, **shield)))
+    now = 100.0
+    for _ in range(10):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [math.nan], stamp=now, received=now)
+        node.tick(now)
+        now += DT
+    assert node.shield.mode == Mode.RUN
+    return node, now
+
+
+def test_running_node_sends_finite_efforts_within_the_limit(pendulum_bundle) -> None:
+    node, now = _running_node(pendulum_bundle)
+    for _ in range(50):
+        node.on_joint_state(["hinge"], [np.random.uniform(-3, 3)], [np.random.uniform(-8, 8)], [], now, now)
+        tick = node.tick(now)
+        now += DT
+        assert tick.raw_action is not None and tick.observation is not None
+        assert np.isfinite(tick.values).all() and abs(tick.values[0]) <= 2.0  # hardware/pendulum effort limit
+    assert node.interface == "effort" and node.joints == ("hinge",)
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ((["hinge"], [0.1, 0.2], [0.0], []), "lengths"),
+        ((["hinge"], [0.1], [], []), "lengths"),
+        ((["hinge"], [0.1], [0.0], [1.0, 2.0]), "lengths"),
+        ((["hinge", "hinge"], [0.1, 0.1], [0.0, 0.0], []), "duplicate"),
+        ((["hinge", "elbow"], [0.1, 0.2], [0.0, 0.0], []), "unknown"),
+        (([], [], [], []), "missing"),
+        ((["hinge"], [math.nan], [0.0], []), "nonfinite"),
+        ((["hinge"], [0.1], [math.inf], []), "nonfinite"),
+    ],
+)
+def test_malformed_joint_states_are_refused_and_never_used(pendulum_bundle, message, reason) -> None:
+    node, now = _running_node(pendulum_bundle)
+    before = node._latest
+    refusal = node.on_joint_state(*message, stamp=now, received=now)
+    assert refusal is not None and refusal.startswith(reason)
+    assert node._latest is before, "a refused message replaced the joint state"
+    assert node.refused[reason] == 1
+    report = node.diagnostics()
+    assert report["level"] >= 1 and report["values"][f"refused.{reason}"] == "1"
+    assert report["values"]["last_refusal"] == refusal
+
+
+def test_nan_efforts_and_declared_extra_joints_are_accepted(pendulum_bundle) -> None:
+    node = PolicyNode(pendulum_bundle, NodeConfig(extra_joints=("gripper",)))
+    assert node.on_joint_state(["gripper", "hinge"], [0.0, 0.3], [0.0, 0.1], [math.nan, math.nan], 0.0) is None
+    assert node._latest.position.tolist() == [0.3]
+    node.check_robot(["gripper", "hinge"])
+
+
+def test_a_bundle_for_another_robot_is_refused_at_start_up(pendulum_bundle, cartpole_bundle) -> None:
+    with pytest.raises(BundleError, match=r"missing \['hinge'\], unknown \['slider'\]"):
+        PolicyNode(pendulum_bundle).check_robot(["slider"])
+    # The cartpole policy observes the passive pole as well as the actuated cart.
+    node = PolicyNode(cartpole_bundle)
+    assert node.joints == ("slider", "hinge")
+    with pytest.raises(BundleError, match=r"missing \['hinge'\]"):
+        node.check_robot(["slider"])
+
+
+def test_estop_latches_on_the_next_tick_and_only_reset_clears_it(pendulum_bundle) -> None:
+    node, now = _running_node(pendulum_bundle)
+    node.on_estop(True)
+    tick = node.tick(now)
+    assert tick.command.mode == Mode.ESTOP and "e-stop" in tick.command.reason
+    node.on_estop(False)
+    for _ in range(5):
+        now += DT
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], now, now)
+        assert node.tick(now).command.mode == Mode.ESTOP
+    assert node.diagnostics()["level"] == 2
+    node.on_reset()
+    assert node.tick(now + DT).command.mode in (Mode.PASSIVE, Mode.RAMP)
+
+
+def test_a_silent_robot_drops_the_node_to_its_fallback_within_the_state_age(pendulum_bundle) -> None:
+    node, now = _running_node(pendulum_bundle, max_state_age=0.1, fallback="damp")
+    last_state = now - DT
+    modes = []
+    while now - last_state < 0.2:
+        modes.append((now - last_state, node.tick(now).command.mode))
+        now += DT
+    late = [age for age, mode in modes if mode == Mode.DAMP]
+    assert late and late[0] <= 0.1 + DT + 1e-9, modes
+    assert all(mode == Mode.DAMP for age, mode in modes if age > 0.1 + DT)
+
+
+def _rewritten(bundle, tmp_path, change) -> str:
+    model = onnx.load(str(bundle))
+    entry = next(p for p in model.metadata_props if p.key == METADATA_KEY)
+    meta = json.loads(entry.value)
+    change(meta)
+    entry.value = json.dumps(meta)
+    path = tmp_path / "edited.onnx"
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_bundles_the_node_cannot_run_are_refused(pendulum_bundle, tmp_path) -> None:
+    no_robot = _rewritten(pendulum_bundle, tmp_path, lambda m: m.update(robot=None))
+    with pytest.raises(BundleError, match="metadata.robot: missing"):
+        PolicyNode(no_robot)
+    no_sources = _rewritten(pendulum_bundle, tmp_path, lambda m: [t.pop("source") for t in m["observation"]["terms"]])
+    with pytest.raises(BundleError, match="does not say how to build its observation"):
+        PolicyNode(no_sources)
+
+
+def test_ros_parameters_map_onto_the_node_config_strictly() -> None:
+    bundle, config = config_from_parameters(
+        {
+            "policy.path": "/robot/policy.onnx",
+            "use_sim_time": False,
+            "command_style": "trajectory",
+            "extra_joints": ["gripper"],
+            "topics.joint_states": "/arm/joint_states",
+            "shield.fallback": "damp",
+            "shield.ramp_time": 1.5,
+        }
+    )
+    assert bundle == "/robot/policy.onnx"
+    assert config.command_style == "trajectory" and config.extra_joints == ("gripper",)
+    assert config.topics.joint_states == "/arm/joint_states"
+    assert config.shield.fallback == "damp" and config.shield.ramp_time == 1.5
+    assert config.command_topic() == "/joint_trajectory_controller/joint_trajectory"
+    with pytest.raises(ConfigError, match="shield.ramp_tme"):
+        config_from_parameters({"policy.path": "p.onnx", "shield.ramp_tme": 1.0})
+    with pytest.raises(ValueError, match="policy.path"):
+        config_from_parameters({"command_style": "forward"})
