@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from cyclonedds.core import Listener, Policy, Qos
 from cyclonedds.domain import DomainParticipant
+from cyclonedds.internal import InvalidSample
 from cyclonedds.pub import DataWriter
 from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
@@ -89,7 +90,8 @@ class Endpoints:
 
             def on_data_available(reader: DataReader) -> None:
                 for sample in reader.take(N=64):
-                    on_message(sample)
+                    if not isinstance(sample, InvalidSample):  # a writer went away: no data in it
+                        on_message(sample)
 
             listener = Listener(on_data_available=on_data_available)
         return DataReader(self.participant, self._topic(name, kind), qos=qos, listener=listener)
