@@ -192,7 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse cannot take positionals after options (`deploy B --sim k=v`); overrides are recognisable.
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except (ConfigError, ValueError, ImportError, FileExistsError, FileNotFoundError) as err:  # incl. BundleError
