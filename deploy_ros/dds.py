@@ -88,7 +88,9 @@ class Endpoints:
         listener = None
         if on_message is not None:
 
-            def on_data_available(reader: DataReader) -> None:
+            def on_data_available(reader: DataReader | None) -> None:
+                if reader is None:  # the reader is being deleted (participant shutting down)
+                    return
                 for sample in reader.take(N=64):
                     if not isinstance(sample, InvalidSample):  # a writer went away: no data in it
                         on_message(sample)
