@@ -39,8 +39,9 @@ def echo(seconds: float) -> None:
     endpoints = Endpoints(node="echo")
     writer = endpoints.writer(COMMANDS, msg.Float64MultiArray)
     answer = msg.Float64MultiArray(data=[0.0])
-    _reader = endpoints.reader("/joint_states", msg.JointState, lambda m: writer.write(answer), SENSOR_QOS)
+    endpoints.reader("/joint_states", msg.JointState, lambda m: writer.write(answer), SENSOR_QOS)
     time.sleep(seconds)
+    endpoints.close()
 
 
 def robot_loop(rate: float, seconds: float, warmup: float) -> dict[str, float]:
@@ -54,7 +55,7 @@ def robot_loop(rate: float, seconds: float, warmup: float) -> dict[str, float]:
         arrivals.append(time.monotonic())
         arrived.set()
 
-    _reader = endpoints.reader(COMMANDS, msg.Float64MultiArray, on_command)
+    endpoints.reader(COMMANDS, msg.Float64MultiArray, on_command)
     wait_for_match(writer, timeout=30)
     period = 1.0 / rate
     latencies, lost = [], 0
@@ -78,6 +79,7 @@ def robot_loop(rate: float, seconds: float, warmup: float) -> dict[str, float]:
         delay = next_at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+    endpoints.close()
     intervals = np.diff([t for t in arrivals if t - start >= warmup])
     lat = np.array(latencies) * 1e3
     jitter = np.abs(intervals - period) * 1e3

@@ -74,6 +74,7 @@ class Endpoints:
         self.participant = DomainParticipant(domain_id() if domain is None else domain)
         self.node = node
         self._topics: dict[str, Topic] = {}
+        self._endpoints: list[DataReader | DataWriter] = []
 
     def _topic(self, name: str, kind: type) -> Topic:
         dds_name = dds_topic(name, self.node)
@@ -82,7 +83,9 @@ class Endpoints:
         return self._topics[dds_name]
 
     def writer(self, name: str, kind: type, qos: Qos = DEFAULT_QOS) -> DataWriter:
-        return DataWriter(self.participant, self._topic(name, kind), qos=qos)
+        writer = DataWriter(self.participant, self._topic(name, kind), qos=qos)
+        self._endpoints.append(writer)
+        return writer
 
     def reader(self, name: str, kind: type, on_message: Callable | None = None, qos: Qos = DEFAULT_QOS) -> DataReader:
         listener = None
@@ -96,7 +99,24 @@ class Endpoints:
                         on_message(sample)
 
             listener = Listener(on_data_available=on_data_available)
-        return DataReader(self.participant, self._topic(name, kind), qos=qos, listener=listener)
+        reader = DataReader(self.participant, self._topic(name, kind), qos=qos, listener=listener)
+        self._endpoints.append(reader)
+        return reader
+
+    def close(self) -> None:
+        """Delete the DDS entities now, readers first. cyclonedds deletes an entity in its finalizer,
+        which is skipped when a garbage-collected reference cycle (callback -> owner -> reader) is
+        freed; the C reader would then call a freed listener. Safe to call twice."""
+        for entity in (*self._endpoints, *self._topics.values(), self.participant):
+            entity.__del__()  # removes it from cyclonedds' registry, so the finalizer later does nothing
+        self._endpoints.clear()
+        self._topics.clear()
+
+    def __enter__(self) -> Endpoints:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class DdsNode:
@@ -158,6 +178,9 @@ class DdsNode:
     def run(self, stop: threading.Event) -> None:
         self.wait_for_robot()
         self.node.spin(stop, self.publish)
+
+    def close(self) -> None:
+        self.dds.close()
 
 
 def wait_for_match(writer: DataWriter, readers: int = 1, timeout: float = 5.0) -> None:

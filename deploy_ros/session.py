@@ -84,6 +84,7 @@ def deploy(
         # A last command in the fallback mode, so the robot is not left on the policy's last action.
         node.shield.estop("node stopped")
         transport.publish(node.tick())
+        transport.close()
         if recorder is not None:
             recorder.close()
         if robot is not None:

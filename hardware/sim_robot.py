@@ -147,7 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"sim robot '{args.robot}': {len(robot.names)} joints {robot.names} at {1 / robot.period:g} Hz", flush=True)
-    robot.run(stop, args.duration)
+    try:
+        robot.run(stop, args.duration)
+    finally:
+        robot.dds.close()
 
 
 if __name__ == "__main__":

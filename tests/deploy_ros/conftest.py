@@ -49,6 +49,22 @@ def trained_bundle(trained_pendulum, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture
+def participant(dds_domain: int):
+    """Factory of DDS participants in this test's domain, all deleted at teardown (see Endpoints.close)."""
+    from q2real.deploy_ros.dds import Endpoints
+
+    made: list[Endpoints] = []
+
+    def make(node: str) -> Endpoints:
+        made.append(Endpoints(dds_domain, node=node))
+        return made[-1]
+
+    yield make
+    for endpoints in reversed(made):
+        endpoints.close()
+
+
+@pytest.fixture
 def dds_domain(monkeypatch: pytest.MonkeyPatch) -> int:
     """A DDS domain of this test's own (child processes inherit it through ROS_DOMAIN_ID)."""
     domain = next(_domains)

@@ -29,8 +29,8 @@ PERIOD = 0.02  # hardware/pendulum control period
 class Listener:
     """A third participant that records what is on the wire."""
 
-    def __init__(self, domain: int, command_topic: str = "/forward_command_controller/commands"):
-        self.endpoints = Endpoints(domain, node="observer")
+    def __init__(self, endpoints: Endpoints, command_topic: str = "/forward_command_controller/commands"):
+        self.endpoints = endpoints
         self.states: list[tuple[float, float]] = []
         self.commands: list[list[float]] = []
         self.diagnostics: list[msg.DiagnosticArray] = []
@@ -71,6 +71,7 @@ def running(bundle, config: NodeConfig, robot: str = "pendulum", extra: list[str
     finally:
         stop.set()
         thread.join(10)
+        transport.close()
         process.kill()
         process.wait(10)
 
@@ -89,8 +90,8 @@ def _config(**shield) -> NodeConfig:
 
 
 @pytest.mark.timeout(900)
-def test_trained_policy_swings_up_the_sim_robot_through_ros2_messages(trained_bundle, dds_domain, tmp_path, capsys):
-    listener = Listener(dds_domain)
+def test_trained_policy_swings_up_the_sim_robot_through_ros2_messages(trained_bundle, participant, tmp_path, capsys):
+    listener = Listener(participant("observer"))
     bag = tmp_path / "bag"
     code = main(["deploy", str(trained_bundle), "--sim", "--duration", "10", "shield.ramp_time=0.5", f"record={bag}"])
     out = capsys.readouterr().out
@@ -120,8 +121,8 @@ def test_trained_policy_swings_up_the_sim_robot_through_ros2_messages(trained_bu
     assert modes[-1] == Mode.ESTOP, "stopping the node must leave the robot in the latched stop"
 
 
-def test_robot_process_dying_drops_the_node_to_hold_within_the_state_age(pendulum_bundle, dds_domain):
-    listener = Listener(dds_domain)
+def test_robot_process_dying_drops_the_node_to_hold_within_the_state_age(pendulum_bundle, participant):
+    listener = Listener(participant("observer"))
     with running(pendulum_bundle, _config(max_state_age=0.1, fallback="hold")) as (node, _, robot, errors):
         _wait_for(lambda: node.shield.mode == Mode.RUN or errors, 30, "RUN")
         assert not errors, errors
@@ -134,9 +135,8 @@ def test_robot_process_dying_drops_the_node_to_hold_within_the_state_age(pendulu
     assert held - killed <= 0.1 + 2 * PERIOD + 0.02, f"HOLD came {held - killed:.3f} s after the robot died"
 
 
-def test_estop_message_latches_within_one_tick(pendulum_bundle, dds_domain):
-    endpoints = Endpoints(dds_domain, node="operator")
-    estop = endpoints.writer("/q2real_policy/estop", msg.Bool)
+def test_estop_message_latches_within_one_tick(pendulum_bundle, participant):
+    estop = participant("operator").writer("/q2real_policy/estop", msg.Bool)
     with running(pendulum_bundle, _config()) as (node, transport, _, errors):
         arrivals: list[float] = []
         ticks: list[tuple[float, Mode]] = []
@@ -158,10 +158,9 @@ def test_estop_message_latches_within_one_tick(pendulum_bundle, dds_domain):
     assert after[0][0] - arrivals[0] < PERIOD, "the e-stop waited for the next control period"
 
 
-def test_malformed_joint_states_on_the_wire_are_refused_and_commands_stay_safe(pendulum_bundle, dds_domain):
-    listener = Listener(dds_domain)
-    robot = Endpoints(dds_domain, node="fake_robot")
-    states = robot.writer("/joint_states", msg.JointState)
+def test_malformed_joint_states_on_the_wire_are_refused_and_commands_stay_safe(pendulum_bundle, participant):
+    listener = Listener(participant("observer"))
+    states = participant("fake_robot").writer("/joint_states", msg.JointState)
     node = PolicyNode(pendulum_bundle, _config())
     transport = DdsNode(node)
     wait_for_match(states)
@@ -186,6 +185,7 @@ def test_malformed_joint_states_on_the_wire_are_refused_and_commands_stay_safe(p
     finally:
         stop.set()
         thread.join(5)
+        transport.close()
     assert dict(node.refused) == {"nonfinite": 5, "lengths": 5, "unknown": 10}
     commands = np.array(listener.commands)
     assert len(commands) > 30 and np.isfinite(commands).all() and np.abs(commands).max() <= 2.0

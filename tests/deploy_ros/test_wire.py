@@ -12,7 +12,7 @@ from cyclonedds.core import Policy
 from rosbags.typesys import Stores, get_typestore
 
 from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import DEFAULT_QOS, SENSOR_QOS, Endpoints, dds_topic
+from q2real.deploy_ros.dds import DEFAULT_QOS, SENSOR_QOS, dds_topic
 from q2real.deploy_ros.node import NodeConfig
 
 STORE = get_typestore(Stores.ROS2_JAZZY)
@@ -41,8 +41,8 @@ def test_topic_names_follow_rmw_cyclonedds() -> None:
             dds_topic(bad)
 
 
-def test_registered_topic_carries_the_mangled_type_name(dds_domain) -> None:
-    endpoints = Endpoints(dds_domain)
+def test_registered_topic_carries_the_mangled_type_name(participant) -> None:
+    endpoints = participant("q2real_policy")
     writer = endpoints.writer("/joint_states", msg.JointState)
     assert writer.topic.get_name() == "rt/joint_states"
     assert writer.topic.typename == "sensor_msgs::msg::dds_::JointState_"
@@ -135,8 +135,8 @@ def test_cdr_bytes_equal_ros2_serialization(ours, theirs, ros_type) -> None:
     assert decoded.__msgtype__ == ros_type
 
 
-def test_qos_is_ros2_default_for_commands_and_sensor_data_for_joint_states(dds_domain) -> None:
-    endpoints = Endpoints(dds_domain)
+def test_qos_is_ros2_default_for_commands_and_sensor_data_for_joint_states(participant) -> None:
+    endpoints = participant("q2real_policy")
     writer = endpoints.writer("/forward_command_controller/commands", msg.Float64MultiArray)
     reader = endpoints.reader("/joint_states", msg.JointState, qos=SENSOR_QOS)
     for qos in (DEFAULT_QOS, writer.get_qos()):
