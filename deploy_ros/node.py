@@ -200,6 +200,7 @@ class PolicyNode:
         self.latencies: deque[float] = deque(maxlen=1000)
         self.loop_misses = 0
         self.ticks = 0
+        self.last_flags = 0
 
     # --- inputs (any thread) ---------------------------------------------------------------------
     def check_robot(self, names: list[str]) -> None:
@@ -321,6 +322,7 @@ class PolicyNode:
         else:
             values = command.position
         self.ticks += 1
+        self.last_flags = int(command.flags)
         latency = time.monotonic() - received if fresh else math.nan
         if fresh:
             self.latencies.append(latency)
@@ -373,6 +375,7 @@ class PolicyNode:
         lat = np.array(self.latencies) * 1e3 if self.latencies else np.array([math.nan])
         values = {
             "mode": mode.name,
+            "flags": flag_names(self.last_flags),
             "ticks": self.ticks,
             "loop_deadline_misses": self.loop_misses,
             "policy_deadline_misses": shield.counters.rules["DEADLINE_MISS"],

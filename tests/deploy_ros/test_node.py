@@ -93,7 +93,9 @@ def test_estop_latches_on_the_next_tick_and_only_reset_clears_it(pendulum_bundle
         now += DT
         node.on_joint_state(["hinge"], [0.1], [0.0], [], now, now)
         assert node.tick(now).command.mode == Mode.ESTOP
-    assert node.diagnostics()["level"] == 2
+    report = node.diagnostics()
+    assert report["level"] == 2 and report["values"]["mode"] == "ESTOP"
+    assert report["values"]["flags"] == "-" and int(report["values"]["ticks"]) == node.ticks
     node.on_reset()
     assert node.tick(now + DT).command.mode in (Mode.PASSIVE, Mode.RAMP)
 
