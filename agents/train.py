@@ -26,6 +26,7 @@ from q2real.agents.common.progress import Progress
 from q2real.agents.common.replay import ReplayStorage, UniformSampler
 from q2real.agents.common.run_dir import LogConfig, RunDir
 from q2real.agents.flashsac import FlashSACConfig
+from q2real.agents.pql import ParallelLearners, PQLConfig
 from q2real.agents.sac import SAC, SACConfig
 from q2real.agents.td3 import TD3, DDPGConfig, TD3Config
 from q2real.configs.loader import to_dict
@@ -61,6 +62,8 @@ class TrainConfig:
     """Stop early once the evaluation mean return reaches this."""
     threads: int = 0
     """torch CPU threads (0 = leave torch's default)."""
+    pql: PQLConfig = field(default_factory=PQLConfig)
+    """Parallel Q-Learning: critic and policy learners in their own processes, concurrent with collection."""
 
     @property
     def agent(self):
@@ -76,6 +79,7 @@ class TrainConfig:
         if not self.updates_per_step > 0:
             raise ValueError(f"updates_per_step: expected > 0, got {self.updates_per_step}")
         self.agent.validate(self.algo)
+        self.pql.validate()
 
 
 class StopTraining(Exception):
@@ -120,6 +124,8 @@ class Trainer:
         self.config = config
         if config.threads:
             torch.set_num_threads(config.threads)
+        elif config.pql.enabled:
+            torch.set_num_threads(1)  # the learner processes need the cores; idle OpenMP workers spin
         torch.manual_seed(config.env.seed)
         self.env = make(config.env)
         self.eval_env = make(dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000))
@@ -135,6 +141,7 @@ class Trainer:
         self._metric_count = 0
         self.last_checkpoint: Path | None = None
         self.last_eval: float | None = None
+        self.parallel: ParallelLearners | None = None
         self.obs = self.env.reset(seed=config.env.seed)
         elapsed = 0.0
         if resume is not None:
@@ -180,6 +187,8 @@ class Trainer:
             self._metric_count += 1
 
     def pop_update_metrics(self) -> dict[str, float]:
+        if self.parallel is not None:
+            return self.parallel.pop_metrics()
         if not self._metric_count:
             return {}
         means = {k: float(v) / self._metric_count for k, v in self._metric_sums.items()}
@@ -189,12 +198,17 @@ class Trainer:
     def run(self) -> Path:
         iterations = math.ceil(self.config.total_steps / self.env.num_envs)
         try:
+            if self.config.pql.enabled:
+                self.parallel = ParallelLearners(self).start()
             for callback in self.callbacks:
                 callback.on_start(self)
             try:
                 while self.iteration < iterations:
                     self.collect()
-                    self.learn()
+                    if self.parallel is not None:
+                        self.parallel.after_collect()
+                    else:
+                        self.learn()
                     for callback in self.callbacks:
                         callback.on_iteration(self)
             except StopTraining:
@@ -205,6 +219,8 @@ class Trainer:
             self.save_checkpoint()
             raise
         finally:
+            if self.parallel is not None:
+                self.parallel.stop()
             self.logger.close()
             self.env.close()
             self.eval_env.close()
@@ -239,7 +255,14 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path:
-        """Write checkpoint.pt atomically, refusing to overwrite a good checkpoint with non-finite weights."""
+        """Write checkpoint.pt atomically, refusing to overwrite a good checkpoint with non-finite weights.
+        Parallel learners pause meanwhile and hand over their optimizer states."""
+        if self.parallel is None:
+            return self._save_checkpoint()
+        with self.parallel.paused():
+            return self._save_checkpoint()
+
+    def _save_checkpoint(self) -> Path:
         check_finite(parameters_of(self.agent, "parameter"), self.step, self.last_checkpoint)
         path = self.path / CHECKPOINT
         save_checkpoint(path, self.state_dict())

@@ -166,6 +166,13 @@ class ActorCritic(nn.Module):
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step, an actor step every `policy_delay` updates, then Polyak averaging."""
+        metrics = self.critic_update(batch)
+        if (self.updates - 1) % self.config.policy_delay == 0:
+            metrics.update(self.actor_update(batch.obs))
+        return metrics
+
+    def critic_update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One critic step on `batch` (raw observations) and the target network's Polyak step."""
         cfg = self.config
         obs, next_obs = self.obs_norm(batch.obs), self.obs_norm(batch.next_obs)
         reward = batch.reward / self.return_scale.scale()
@@ -183,17 +190,18 @@ class ActorCritic(nn.Module):
             out = self.critic(obs, batch.action)
         critic_loss = self.head.loss(out, target_out, reward, batch.discount, bonus)
         self._step(self.critic_optim, critic_loss, self.critic)
-        metrics = {"critic_loss": critic_loss.detach()}
-        if self.updates % cfg.policy_delay == 0:
-            self.critic.requires_grad_(False)
-            actor_loss, extra = self.actor_loss(obs)
-            self._step(self.actor_optim, actor_loss, self.actor)
-            self.critic.requires_grad_(True)
-            self.after_actor_step()
-            metrics.update(actor_loss=actor_loss.detach(), **extra)
         polyak(self.critic_target, self.critic, cfg.tau)
         self.updates += 1
-        return metrics
+        return {"critic_loss": critic_loss.detach()}
+
+    def actor_update(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One actor step (and its hook, e.g. the temperature) against the current critic."""
+        self.critic.requires_grad_(False)
+        actor_loss, extra = self.actor_loss(self.obs_norm(raw_obs))
+        self._step(self.actor_optim, actor_loss, self.actor)
+        self.critic.requires_grad_(True)
+        self.after_actor_step()
+        return {"actor_loss": actor_loss.detach(), **extra}
 
     def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Q_i(s, a) of every critic member, (E, B), on normalized observations."""

@@ -45,8 +45,23 @@ class ReplayStorage:
             "terminated": torch.zeros(shape, dtype=torch.bool, device=device),
             "truncated": torch.zeros(shape, dtype=torch.bool, device=device),
         }
-        self.pos = 0
-        self.size = 0
+        # Write position and fill level live in a tensor so that processes sharing the storage see them.
+        self.cursor = torch.zeros(2, dtype=torch.long)
+
+    @property
+    def pos(self) -> int:
+        return int(self.cursor[0])
+
+    @property
+    def size(self) -> int:
+        return int(self.cursor[1])
+
+    def share_memory_(self) -> ReplayStorage:
+        """Put the storage in shared memory (CPU) so learner processes read what the collector writes."""
+        for value in self.data.values():
+            value.share_memory_()
+        self.cursor.share_memory_()
+        return self
 
     def __len__(self) -> int:
         return self.size * self.num_envs
@@ -59,13 +74,15 @@ class ReplayStorage:
         self.data["next_obs"][row] = result.next_obs
         self.data["terminated"][row] = result.terminated
         self.data["truncated"][row] = result.truncated
-        self.pos = (self.pos + 1) % self.rows
-        self.size = min(self.size + 1, self.rows)
+        # Data first, cursor last: a concurrent reader never samples a row that is still being written.
+        self.cursor[1] = min(self.size + 1, self.rows)
+        self.cursor[0] = (row + 1) % self.rows
 
     def gather(self, row: torch.Tensor, env: torch.Tensor, n_step: int, gamma: float) -> Batch:
         """n-step transitions starting at (row, env), cut at episode ends and at the newest row."""
         d = self.data
-        available = (self.pos - 1 - row) % self.rows + 1  # rows from `row` up to the newest, inclusive
+        pos, rows = self.pos, self.rows
+        available = (pos - 1 - row) % rows + 1  # rows from `row` up to the newest, inclusive
         reward = torch.zeros(row.shape, device=self.device)
         scale = torch.ones(row.shape, device=self.device)
         alive = torch.ones(row.shape, dtype=torch.bool, device=self.device)
@@ -99,7 +116,7 @@ class ReplayStorage:
                     f"replay.{key}: checkpoint shape {tuple(value.shape)} != {tuple(self.data[key].shape)}"
                 )
             self.data[key].copy_(value)
-        self.pos, self.size = int(state["pos"]), int(state["size"])
+        self.cursor[0], self.cursor[1] = int(state["pos"]), int(state["size"])
 
 
 class UniformSampler:

@@ -1,0 +1,244 @@
+"""Parallel Q-Learning (Li et al., 2023): data collection, critic learning and policy learning at once.
+
+The training process keeps collecting (it is PQL's *actor*: steps the batched env with the newest
+policy and writes replay) and runs the usual callbacks, while two learner processes update the
+same agent: the *V-learner* takes critic steps (and the target network's Polyak step), the
+*P-learner* takes policy steps (and e.g. SAC's temperature) against the newest critic. The agent's
+parameters and normalizer statistics and the replay storage live in shared memory, so weights
+flow without messages and nobody waits for a copy (reads may see a step half-applied, as in
+Hogwild and in PQL's own asynchronous weight sync). Separate processes, not threads: on a CPU the
+GIL would otherwise serialize three small-network loops.
+
+Speed-ratio controller: with I vectorized env steps, C critic updates and P policy updates, the
+V-learner keeps C ~ `critic_updates_per_step` x I and the P-learner keeps P ~ C /
+`critic_updates_per_policy_update`; whichever side runs more than `slack` updates ahead waits
+(the collector too, when the critic falls behind). Counting, not timing, so the ratios hold on any
+machine; the measured ratios and waiting fractions are logged.
+
+Any learner error (including non-finite losses) stops every process and is raised in the
+training process; Ctrl-C there stops the learners, writes a final checkpoint and leaves no children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.multiprocessing as mp
+
+from q2real.agents.common.guard import check_finite
+from q2real.agents.common.replay import UniformSampler
+
+if TYPE_CHECKING:
+    from q2real.agents.train import Trainer
+
+# Slots of the shared counter tensor.
+ITERATIONS, CRITIC, POLICY, STOP, PAUSE, WAIT_COLLECT, WAIT_CRITIC, WAIT_POLICY = range(8)
+_POLL = 2e-4
+
+
+@dataclass
+class PQLConfig:
+    enabled: bool = False
+    """Run the learners concurrently with collection (any learner: sac, td3, ddpg, flashsac)."""
+    critic_updates_per_step: float = 1.0
+    """beta(critic updates : vectorized env steps); replaces `updates_per_step` when enabled."""
+    critic_updates_per_policy_update: float = 2.0
+    """beta(critic : policy updates); replaces the learner's `policy_delay` when enabled."""
+    slack: int = 20
+    """Updates a side may run ahead of its target ratio before it waits."""
+    learner_threads: int = 1
+    """torch intra-op threads per learner process."""
+
+    def validate(self) -> None:
+        if self.critic_updates_per_step <= 0 or self.critic_updates_per_policy_update <= 0:
+            raise ValueError("pql: the update ratios must be > 0")
+        if self.slack < 1 or self.learner_threads < 1:
+            raise ValueError("pql.slack and pql.learner_threads must be >= 1")
+
+
+class LearnerError(RuntimeError):
+    """A learner process failed; the message carries its traceback."""
+
+
+def _learner(role: str, agent, replay, counters, config: PQLConfig, train: dict, errors, outbox) -> None:
+    """Entry point of a learner process: update until told to stop; report optimizer state on pause."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the training process
+    try:
+        torch.set_num_threads(config.learner_threads)
+        torch.manual_seed(train["seed"] + (1 if role == "critic" else 2))
+        sampler = UniformSampler()
+        mine = ["critic"] if role == "critic" else [k for k in agent.optimizers() if k != "critic"]
+        beta_v, beta_p = config.critic_updates_per_step, config.critic_updates_per_policy_update
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        while not counters[STOP]:
+            if counters[PAUSE]:
+                outbox.put((role, {k: agent.optimizers()[k].state_dict() for k in mine}))
+                while counters[PAUSE] and not counters[STOP]:
+                    time.sleep(_POLL)
+                continue
+            steps, critic, policy = int(counters[ITERATIONS]), int(counters[CRITIC]), int(counters[POLICY])
+            learned = steps - train["warmup_iterations"]  # env steps that count, as in the synchronous loop
+            if role == "critic":
+                wait = critic >= beta_v * learned + config.slack or critic >= beta_p * (policy + config.slack)
+            else:
+                wait = policy >= critic / beta_p + config.slack
+            if wait or learned <= 0:
+                counters[WAIT_CRITIC if role == "critic" else WAIT_POLICY] += 1
+                time.sleep(_POLL)
+                continue
+            batch = sampler.sample(replay, train["batch_size"], train["n_step"], train["gamma"])
+            if role == "critic":
+                metrics = agent.critic_update(batch)
+            else:
+                metrics = agent.actor_update(batch.obs)
+            check_finite(metrics, steps * train["num_envs"], None)
+            counters[CRITIC if role == "critic" else POLICY] += 1
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+            count += 1
+            if count == 50:
+                outbox.put(("metrics", {k: float(v) / count for k, v in sums.items()}))
+                sums, count = {}, 0
+    except BaseException:
+        errors.put(f"{role} learner failed:\n{traceback.format_exc()}")
+        counters[STOP] = 1
+
+
+class ParallelLearners:
+    """The two learner processes of a `Trainer`, and the collector's side of the ratio controller."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self.config: PQLConfig = trainer.config.pql
+        agent, replay = trainer.agent, trainer.replay
+        if agent.device.type == "cpu":
+            agent.share_memory()
+            replay.share_memory_()
+        self.counters = torch.zeros(8, dtype=torch.long).share_memory_()
+        self.counters[ITERATIONS] = trainer.iteration
+        self.counters[CRITIC] = agent.updates
+        self.counters[POLICY] = int(agent.updates / self.config.critic_updates_per_policy_update)
+        context = mp.get_context("spawn")
+        self.errors, self.outbox = context.Queue(), context.Queue()
+        cfg = trainer.config.agent
+        self.warmup_iterations = -(-trainer.config.warmup_steps // trainer.env.num_envs)
+        train = {
+            "seed": trainer.config.env.seed,
+            "num_envs": trainer.env.num_envs,
+            "warmup_iterations": self.warmup_iterations,
+            "batch_size": cfg.batch_size,
+            "n_step": cfg.n_step,
+            "gamma": cfg.gamma,
+        }
+        self.processes = [
+            context.Process(
+                target=_learner,
+                args=(role, agent, replay, self.counters, self.config, train, self.errors, self.outbox),
+                name=f"q2real-pql-{role}",
+                daemon=True,
+            )
+            for role in ("critic", "policy")
+        ]
+        self._metric_sums: dict[str, float] = {}
+        self._metric_count = 0
+        self._last = self._snapshot()
+        self._last_time = time.monotonic()
+
+    def start(self) -> ParallelLearners:
+        for process in self.processes:
+            process.start()
+        return self
+
+    def _snapshot(self) -> list[int]:
+        return [int(v) for v in self.counters]
+
+    def after_collect(self) -> None:
+        """Publish the env-step count; wait while the critic is too far behind; surface learner errors."""
+        counters, beta = self.counters, self.config.critic_updates_per_step
+        counters[ITERATIONS] = self.trainer.iteration
+        learned = self.trainer.iteration - self.warmup_iterations
+        while learned > 0 and learned * beta > counters[CRITIC] + self.config.slack:
+            self.raise_errors()
+            counters[WAIT_COLLECT] += 1
+            time.sleep(_POLL)
+        self.raise_errors()
+        self.trainer.agent.updates = int(counters[CRITIC])
+
+    def raise_errors(self) -> None:
+        if self.counters[STOP]:
+            try:
+                message = self.errors.get(timeout=5)
+            except queue.Empty:
+                message = "a learner process stopped without a report"
+            raise LearnerError(message)
+        for process in self.processes:
+            if not process.is_alive():
+                raise LearnerError(f"{process.name} exited with code {process.exitcode}")
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Mean learner metrics since the last call, plus the measured ratios and waiting counts."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._take(self.outbox.get_nowait(), {})
+        metrics = {k: v / self._metric_count for k, v in self._metric_sums.items()} if self._metric_count else {}
+        self._metric_sums, self._metric_count = {}, 0
+        now, snapshot = time.monotonic(), self._snapshot()
+        delta = [a - b for a, b in zip(snapshot, self._last, strict=True)]
+        seconds = max(now - self._last_time, 1e-9)
+        if delta[ITERATIONS] and delta[CRITIC]:
+            metrics["pql/critic_updates_per_step"] = delta[CRITIC] / delta[ITERATIONS]
+            metrics["pql/critic_updates_per_policy_update"] = delta[CRITIC] / max(delta[POLICY], 1)
+        metrics["pql/policy_updates_per_s"] = delta[POLICY] / seconds
+        metrics["pql/collector_waits_per_s"] = delta[WAIT_COLLECT] / seconds
+        self._last, self._last_time = snapshot, now
+        return metrics
+
+    def _take(self, item: tuple[str, dict], states: dict[str, dict]) -> None:
+        kind, values = item
+        if kind == "metrics":
+            for key, value in values.items():
+                self._metric_sums[key] = self._metric_sums.get(key, 0.0) + value
+            self._metric_count += 1
+        else:
+            states[kind] = values
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Learners idle (after handing over their optimizer state) while a checkpoint is written."""
+        self.counters[PAUSE] = 1
+        try:
+            states: dict[str, dict] = {}
+            while len(states) < len(self.processes):
+                self.raise_errors()
+                with contextlib.suppress(queue.Empty):
+                    self._take(self.outbox.get(timeout=0.1), states)
+            optimizers = self.trainer.agent.optimizers()
+            for optim_states in states.values():
+                for name, state in optim_states.items():
+                    optimizers[name].load_state_dict(state)
+            self.trainer.agent.updates = int(self.counters[CRITIC])
+            yield
+        finally:
+            self.counters[PAUSE] = 0
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop and join both learners; terminate (then kill) any that does not exit in time."""
+        self.counters[STOP] = 1
+        for process in self.processes:
+            if process.pid is None:
+                continue
+            process.join(timeout)
+            if process.is_alive():
+                process.terminate()
+                process.join(2)
+            if process.is_alive():
+                process.kill()
+                process.join()
