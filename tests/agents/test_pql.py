@@ -1,0 +1,95 @@
+"""Parallel Q-Learning: ratios held, weights flowing both ways while training, clean shutdown on a
+learner error and on Ctrl-C, resume from a PQL checkpoint."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+
+import pytest
+import torch
+
+from q2real.agents.common.checkpoint import CHECKPOINT
+from q2real.agents.common.guard import NonFiniteError
+from q2real.agents.pql import POLICY, LearnerError
+from q2real.agents.train import Callback, TrainConfig, Trainer, resume, train
+from q2real.configs.loader import load
+
+
+def _config(tmp_path: Path, *extra: str) -> TrainConfig:
+    overrides = ["pql.enabled=true", "total_steps=4000", "warmup_steps=600", "eval_every=0", "eval_envs=2"]
+    overrides += ["checkpoint_every=0", "log.interval_steps=500", f"log.root={tmp_path}", "log.tensorboard=false"]
+    overrides += ["sac.actor_hidden=[64,64]", "sac.critic_hidden=[64,64]", "sac.batch_size=128", *extra]
+    return load(TrainConfig, None, overrides)
+
+
+def _no_learner_processes() -> bool:
+    return not [p for p in multiprocessing.active_children() if p.name.startswith("q2real-pql")]
+
+
+class Probe(Callback):
+    """Records the collector's deterministic action on fixed observations every iteration."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        self.obs = torch.randn(8, trainer.env.obs_dim, generator=torch.Generator().manual_seed(0))
+        self.actions: list[torch.Tensor] = []
+        self.critic = [p.detach().clone() for p in trainer.agent.critic.parameters()]
+        self.counts: list[tuple[int, int, int]] = []
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        self.actions.append(trainer.agent.act(self.obs, deterministic=True).clone())
+        counters = trainer.parallel.counters
+        self.counts.append((trainer.iteration, int(counters[1]), int(counters[POLICY])))
+
+
+@pytest.mark.timeout(300)
+def test_ratios_hold_and_weights_flow_between_collector_and_learners(tmp_path: Path) -> None:
+    probe = Probe()
+    config = _config(tmp_path, "pql.critic_updates_per_step=0.5", "pql.critic_updates_per_policy_update=1.5")
+    trainer = Trainer(config, callbacks=[probe])
+    trainer.run()
+    assert _no_learner_processes()
+    warm = -(-config.warmup_steps // config.env.num_envs)
+    iterations, critic, policy = probe.counts[-1]
+    assert critic / (iterations - warm) == pytest.approx(0.5, rel=0.2)
+    assert critic / policy == pytest.approx(1.5, rel=0.2)
+    logged = [json.loads(line) for line in (trainer.path / "metrics.jsonl").read_text().splitlines()]
+    measured = [m["pql/critic_updates_per_step"] for m in logged if "pql/critic_updates_per_step" in m]
+    # Each logged window may be off by up to `slack` updates; over the run they average to the target.
+    assert len(measured) >= 4 and sum(measured[1:]) / len(measured[1:]) == pytest.approx(0.5, rel=0.2), measured
+    # The policy the collector acts with changed many times while training ran, not only at the end ...
+    changes = sum(not torch.equal(a, b) for a, b in zip(probe.actions, probe.actions[1:], strict=False))
+    assert changes > 50, f"collector's policy changed only {changes} times"
+    # ... and the collector's agent holds the critic the V-learner trained.
+    assert any(not torch.equal(a, b) for a, b in zip(probe.critic, trainer.agent.critic.parameters(), strict=True))
+
+
+@pytest.mark.timeout(300)
+def test_a_learner_error_stops_everything_and_leaves_no_processes(tmp_path: Path) -> None:
+    config = _config(tmp_path, "sac.critic_lr=1e30", "total_steps=40000")
+    with pytest.raises(LearnerError, match="critic learner failed") as caught:
+        train(config)
+    assert NonFiniteError.__name__ in str(caught.value)
+    assert _no_learner_processes()
+
+
+class Interrupt(Callback):
+    def on_iteration(self, trainer: Trainer) -> None:
+        if trainer.agent.updates > 100:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_writes_a_final_checkpoint_and_resume_continues(tmp_path: Path) -> None:
+    config = _config(tmp_path, "log.name=run")
+    trainer = Trainer(config, callbacks=[Interrupt()])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    assert _no_learner_processes()
+    state = torch.load(tmp_path / "run" / CHECKPOINT, weights_only=True)
+    assert state["updates"] > 100 and state["step"] == trainer.step
+    assert state["optimizers"]["critic"]["state"], "the V-learner's optimizer state was not handed over"
+    resumed = resume(tmp_path / "run", config)
+    assert resumed.step >= config.total_steps and resumed.agent.updates > state["updates"]
+    assert _no_learner_processes()
