@@ -22,6 +22,7 @@ training process; Ctrl-C there stops the learners, writes a final checkpoint and
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import signal
 import time
@@ -70,6 +71,8 @@ class LearnerError(RuntimeError):
 def _learner(role: str, agent, replay, counters, config: PQLConfig, train: dict, errors, outbox) -> None:
     """Entry point of a learner process: update until told to stop; report optimizer state on pause."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the training process
+    parent = train["parent"]  # not os.getppid(): the parent may already be gone when this line runs
+    outbox.cancel_join_thread()  # exiting never waits for the training process to drain the queue
     try:
         torch.set_num_threads(config.learner_threads)
         torch.manual_seed(train["seed"] + (1 if role == "critic" else 2))
@@ -79,9 +82,13 @@ def _learner(role: str, agent, replay, counters, config: PQLConfig, train: dict,
         sums: dict[str, torch.Tensor] = {}
         count = 0
         while not counters[STOP]:
+            if os.getppid() != parent:
+                # The training process was killed (SIGKILL, SIGTERM): no orphan keeps running, and there
+                # is nothing to hand over (a normal exit would block flushing queues nobody reads).
+                os._exit(0)
             if counters[PAUSE]:
                 outbox.put((role, {k: agent.optimizers()[k].state_dict() for k in mine}))
-                while counters[PAUSE] and not counters[STOP]:
+                while counters[PAUSE] and not counters[STOP] and os.getppid() == parent:
                     time.sleep(_POLL)
                 continue
             steps, critic, policy = int(counters[ITERATIONS]), int(counters[CRITIC]), int(counters[POLICY])
@@ -131,6 +138,7 @@ class ParallelLearners:
         cfg = trainer.config.agent
         self.warmup_iterations = -(-trainer.config.warmup_steps // trainer.env.num_envs)
         train = {
+            "parent": os.getpid(),
             "seed": trainer.config.env.seed,
             "num_envs": trainer.env.num_envs,
             "warmup_iterations": self.warmup_iterations,

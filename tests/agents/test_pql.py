@@ -3,8 +3,12 @@ learner error and on Ctrl-C, resume from a PQL checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +97,62 @@ def test_ctrl_c_writes_a_final_checkpoint_and_resume_continues(tmp_path: Path) -
     resumed = resume(tmp_path / "run", config)
     assert resumed.step >= config.total_steps and resumed.agent.updates > state["updates"]
     assert _no_learner_processes()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo", ["td3", "flashsac"])
+def test_every_learner_runs_under_pql(tmp_path: Path, algo: str) -> None:
+    extra = [f"algo={algo}", "total_steps=2000", f"{algo}.batch_size=64"]
+    trainer = train(_config(tmp_path, *extra, f"{algo}.actor_hidden=[32]", f"{algo}.critic_hidden=[32]"))
+    learned = trainer.iteration - -(-trainer.config.warmup_steps // trainer.env.num_envs)
+    assert trainer.agent.updates == pytest.approx(learned, rel=0.2)
+    assert _no_learner_processes()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_learners_exit_when_the_training_process_is_killed(tmp_path: Path) -> None:
+    code = (
+        "from q2real.agents.train import TrainConfig, train\n"
+        "from q2real.configs.loader import load\n"
+        f"train(load(TrainConfig, None, ['pql.enabled=true', 'total_steps=10000000', 'eval_every=0',"
+        f" 'checkpoint_every=0', 'log.root={tmp_path}', 'log.tensorboard=false']))\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        learners: list[int] = []
+        while len(learners) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            learners = [pid for pid in _children(process.pid) if "spawn_main" in _cmdline(pid)]
+        assert len(learners) == 2, "the learner processes did not start"
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in learners) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in learners), "learners outlived the killed training process"
+    finally:
+        process.kill()
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return (Path("/proc") / str(pid) / "cmdline").read_text().replace("\0", " ")
+    return ""
