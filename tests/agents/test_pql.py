@@ -72,9 +72,12 @@ def test_ratios_hold_and_weights_flow_between_collector_and_learners(tmp_path: P
 @pytest.mark.timeout(300)
 def test_a_learner_error_stops_everything_and_leaves_no_processes(tmp_path: Path) -> None:
     config = _config(tmp_path, "sac.critic_lr=1e30", "total_steps=40000")
-    with pytest.raises(LearnerError, match="critic learner failed") as caught:
+    # The critic learner meets the non-finite loss first, or the collector meets the actions of a policy
+    # trained on it: either way training stops with the reason and every process is gone.
+    with pytest.raises((LearnerError, NonFiniteError), match="non-finite") as caught:
         train(config)
-    assert NonFiniteError.__name__ in str(caught.value)
+    if isinstance(caught.value, LearnerError):
+        assert "critic learner failed" in str(caught.value) or "policy learner failed" in str(caught.value)
     assert _no_learner_processes()
 
 
