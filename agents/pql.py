@@ -129,6 +129,8 @@ class ParallelLearners:
         if agent.device.type == "cpu":
             agent.share_memory()
             replay.share_memory_()
+        else:  # CUDA tensors reach the learners as IPC handles to the same memory; the cursor is on the CPU
+            replay.cursor.share_memory_()
         self.counters = torch.zeros(8, dtype=torch.long).share_memory_()
         self.counters[ITERATIONS] = trainer.iteration
         self.counters[CRITIC] = agent.updates

@@ -122,6 +122,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, callbacks: Sequence[Callback] = (), resume: Path | None = None):
         config.validate()
         self.config = config
+        self._torch_threads = torch.get_num_threads()  # restored after the run: the setting is process-wide
         if config.threads:
             torch.set_num_threads(config.threads)
         elif config.pql.enabled:
@@ -221,6 +222,7 @@ class Trainer:
         finally:
             if self.parallel is not None:
                 self.parallel.stop()
+            torch.set_num_threads(self._torch_threads)
             self.logger.close()
             self.env.close()
             self.eval_env.close()

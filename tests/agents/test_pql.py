@@ -51,9 +51,11 @@ class Probe(Callback):
 def test_ratios_hold_and_weights_flow_between_collector_and_learners(tmp_path: Path) -> None:
     probe = Probe()
     config = _config(tmp_path, "pql.critic_updates_per_step=0.5", "pql.critic_updates_per_policy_update=1.5")
+    threads = torch.get_num_threads()
     trainer = Trainer(config, callbacks=[probe])
     trainer.run()
     assert _no_learner_processes()
+    assert torch.get_num_threads() == threads, "the run left its torch thread setting behind"
     warm = -(-config.warmup_steps // config.env.num_envs)
     iterations, critic, policy = probe.counts[-1]
     assert critic / (iterations - warm) == pytest.approx(0.5, rel=0.2)
