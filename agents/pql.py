@@ -34,7 +34,7 @@ import torch
 import torch.multiprocessing as mp
 
 from q2real.agents.common.guard import check_finite
-from q2real.agents.common.replay import UniformSampler
+from q2real.agents.common.samplers import UniformSampler
 
 if TYPE_CHECKING:
     from q2real.agents.train import Trainer

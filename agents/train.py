@@ -23,8 +23,9 @@ from q2real.agents.common.episodes import EpisodeTracker
 from q2real.agents.common.guard import check_finite, parameters_of
 from q2real.agents.common.metrics import MetricLogger
 from q2real.agents.common.progress import Progress
-from q2real.agents.common.replay import ReplayStorage, UniformSampler
+from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import LogConfig, RunDir
+from q2real.agents.common.samplers import SamplerConfig, make_sampler
 from q2real.agents.flashsac import FlashSACConfig
 from q2real.agents.pql import ParallelLearners, PQLConfig
 from q2real.agents.sac import SAC, SACConfig
@@ -62,6 +63,8 @@ class TrainConfig:
     """Stop early once the evaluation mean return reaches this."""
     threads: int = 0
     """torch CPU threads (0 = leave torch's default)."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """Replay sampling: uniform, prioritized (PER) or dspear (D-SPEAR's dual-stream prioritized replay)."""
     pql: PQLConfig = field(default_factory=PQLConfig)
     """Parallel Q-Learning: critic and policy learners in their own processes, concurrent with collection."""
 
@@ -80,6 +83,11 @@ class TrainConfig:
             raise ValueError(f"updates_per_step: expected > 0, got {self.updates_per_step}")
         self.agent.validate(self.algo)
         self.pql.validate()
+        self.sampler.validate()
+        if self.pql.enabled and self.sampler.kind != "uniform":
+            raise ValueError("sampler.kind: PQL learners sample uniformly; prioritized replay needs pql.enabled=false")
+        if self.sampler.kind == "dspear" and self.sampler.critic_stream and self.agent.critic_head != "scalar":
+            raise ValueError(f"sampler.kind=dspear: its Huber critic loss needs {self.algo}.critic_head=scalar")
 
 
 class StopTraining(Exception):
@@ -134,7 +142,9 @@ class Trainer:
         self.replay = ReplayStorage(
             config.replay_capacity, self.env.num_envs, self.env.obs_dim, self.env.action_dim, self.env.device
         )
-        self.sampler = UniformSampler()
+        self.sampler = make_sampler(config.sampler, self.replay)
+        if config.sampler.kind == "dspear" and config.sampler.critic_stream:
+            self.agent.head.huber = True  # D-SPEAR's critic stream trains with a Huber TD loss
         self.episodes = EpisodeTracker(self.env.num_envs, self.env.device)
         self.step = self.iteration = 0
         self._update_credit = 0.0
@@ -167,6 +177,7 @@ class Trainer:
             self.last_checkpoint,
         )
         self.replay.add(self.obs, action, result)
+        self.sampler.on_add(self.replay)
         agent.observe(result)
         self.episodes.update(result)
         self.obs = result.obs
@@ -180,12 +191,23 @@ class Trainer:
         cfg = self.config.agent
         while self._update_credit >= 1.0:
             self._update_credit -= 1.0
-            batch = self.sampler.sample(self.replay, cfg.batch_size, cfg.n_step, cfg.gamma)
-            metrics = self.agent.update(batch)
+            metrics = self.update(cfg)
             check_finite(metrics, self.step, self.last_checkpoint)
             for key, value in metrics.items():
                 self._metric_sums[key] = self._metric_sums.get(key, 0.0) + value
             self._metric_count += 1
+
+    def update(self, cfg) -> dict[str, torch.Tensor]:
+        """One critic update on the sampler's critic batch (its TD errors go back to the sampler), and an
+        actor update when due, on the sampler's actor batch (or the same one)."""
+        agent, sampler, replay = self.agent, self.sampler, self.replay
+        batch = sampler.sample(replay, cfg.batch_size, cfg.n_step, cfg.gamma)
+        metrics = agent.critic_update(batch)
+        sampler.update(batch, agent.last_td_abs)
+        if agent.actor_due():
+            actor_batch = sampler.sample_actor(replay, cfg.batch_size, cfg.n_step, cfg.gamma) or batch
+            metrics.update(agent.actor_update(actor_batch.obs))
+        return metrics | sampler.metrics()
 
     def pop_update_metrics(self) -> dict[str, float]:
         if self.parallel is not None:
@@ -250,6 +272,7 @@ class Trainer:
             "agent_extra": agent.extra_state(),
             "optimizers": {name: opt.state_dict() for name, opt in agent.optimizers().items()},
             "replay": self.replay.state_dict(),
+            "sampler": self.sampler.state_dict(),
             "env": self.env.state_dict(),
             "obs": self.obs,
             "episodes": self.episodes.state_dict(),
@@ -280,6 +303,7 @@ class Trainer:
             opt.load_state_dict(state["optimizers"][name])
         agent.updates = int(state["updates"])
         self.replay.load_state_dict(state["replay"])
+        self.sampler.load_state_dict(state.get("sampler", {}))
         if state["env"] is not None and self.env.state_dict() is not None:
             self.env.load_state_dict(state["env"])
             self.obs = state["obs"].to(self.env.device)

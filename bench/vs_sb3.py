@@ -27,7 +27,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from q2real.agents.common.replay import ReplayStorage, UniformSampler
+from q2real.agents.common.replay import ReplayStorage
+from q2real.agents.common.samplers import UniformSampler
 from q2real.agents.sac import SAC, SACConfig
 from q2real.agents.train import Callback, StopTraining, TrainConfig, Trainer
 from q2real.configs.loader import load

@@ -167,9 +167,13 @@ class ActorCritic(nn.Module):
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step, an actor step every `policy_delay` updates, then Polyak averaging."""
         metrics = self.critic_update(batch)
-        if (self.updates - 1) % self.config.policy_delay == 0:
+        if self.actor_due():
             metrics.update(self.actor_update(batch.obs))
         return metrics
+
+    def actor_due(self) -> bool:
+        """Whether the critic update just taken is followed by an actor update (`policy_delay`)."""
+        return (self.updates - 1) % self.config.policy_delay == 0
 
     def critic_update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step on `batch` (raw observations) and the target network's Polyak step."""
@@ -188,10 +192,11 @@ class ActorCritic(nn.Module):
             with torch.no_grad():
                 target_out = self.critic_target(next_obs, next_action)
             out = self.critic(obs, batch.action)
-        critic_loss = self.head.loss(out, target_out, reward, batch.discount, bonus)
+        critic_loss, td_abs = self.head.loss(out, target_out, reward, batch.discount, bonus, batch.weight)
         self._step(self.critic_optim, critic_loss, self.critic)
         polyak(self.critic_target, self.critic, cfg.tau)
         self.updates += 1
+        self.last_td_abs = td_abs  # each sample's |TD error| (scaled-reward units), for prioritized samplers
         return {"critic_loss": critic_loss.detach()}
 
     def actor_update(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -29,17 +29,19 @@ class ScalarHead(nn.Module):
         reward: torch.Tensor,
         discount: torch.Tensor,
         bonus: torch.Tensor,
-    ) -> torch.Tensor:
+        weight: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Clipped double-Q TD loss (Fujimoto et al. 2018, eq. 10): y = r + discount * (min_i Q'_i + bonus),
         where `bonus` is -alpha log pi(a'|s') for SAC (Haarnoja et al. 2018, eq. 3) and 0 for TD3;
-        `discount` is gamma^n, or 0 after a terminal state."""
+        `discount` is gamma^n, or 0 after a terminal state. Samples are weighted by `weight` (importance
+        weights of prioritized replay). Returns the loss and each sample's largest |TD error| over members."""
         with torch.no_grad():
             y = reward + discount * (self.q(target_out).min(dim=0).values + bonus)
         error = self.q(out) - y
         per_member = (
             nn.functional.huber_loss(error, torch.zeros_like(error), reduction="none") if self.huber else error.pow(2)
         )
-        return per_member.mean(dim=1).sum()
+        return _weighted(per_member, weight), error.detach().abs().amax(dim=0)
 
 
 class CategoricalHead(nn.Module):
@@ -75,12 +77,22 @@ class CategoricalHead(nn.Module):
         reward: torch.Tensor,
         discount: torch.Tensor,
         bonus: torch.Tensor,
-    ) -> torch.Tensor:
+        weight: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-entropy to the projected target distribution of the target member with the lowest mean
-        (FastTD3's distributional clipped double-Q); the support shifts as z' = r + discount (z + bonus)."""
+        (FastTD3's distributional clipped double-Q); the support shifts as z' = r + discount (z + bonus).
+        Weighted like `ScalarHead.loss`; the TD error is that of the distributions' means."""
         with torch.no_grad():
             pick = self.q(target_out).argmin(dim=0)  # (B,)
             logits = target_out.gather(0, pick.view(1, -1, 1).expand(1, -1, target_out.shape[-1])).squeeze(0)
             shifted = reward[:, None] + discount[:, None] * (self.atoms[None] + bonus[:, None])
             target = self.project(logits.softmax(-1), shifted)
-        return -(target * out.log_softmax(-1)).sum(-1).mean(dim=1).sum()
+            td = (self.q(out) - (target * self.atoms).sum(-1)).abs().amax(dim=0)
+        return _weighted(-(target * out.log_softmax(-1)).sum(-1), weight), td
+
+
+def _weighted(per_member: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """(E, B) per-sample losses -> sum over members of the (weighted) mean over samples."""
+    if weight is not None:
+        per_member = per_member * weight
+    return per_member.mean(dim=1).sum()

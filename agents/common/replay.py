@@ -117,12 +117,3 @@ class ReplayStorage:
                 )
             self.data[key].copy_(value)
         self.cursor[0], self.cursor[1] = int(state["pos"]), int(state["size"])
-
-
-class UniformSampler:
-    """Every stored transition equally likely."""
-
-    def sample(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch:
-        row = torch.randint(0, storage.size, (batch_size,), device=storage.device)
-        env = torch.randint(0, storage.num_envs, (batch_size,), device=storage.device)
-        return storage.gather(row, env, n_step, gamma)

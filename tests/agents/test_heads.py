@@ -12,7 +12,7 @@ def test_scalar_target_uses_min_over_critics_and_the_bonus() -> None:
     reward, discount, bonus = torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.0]), torch.tensor([-1.0, 9.0])
     # y = r + discount * (min(Q'_1, Q'_2) + bonus) = [1 + 0.5 * (4 - 1), 0] = [2.5, 0]
     expected = ((1.0 - 2.5) ** 2 + 0.0) / 2 + ((2.0 - 2.5) ** 2 + 0.0) / 2
-    assert torch.isclose(head.loss(out, target, reward, discount, bonus), torch.tensor(expected))
+    assert torch.isclose(head.loss(out, target, reward, discount, bonus)[0], torch.tensor(expected))
 
 
 def test_categorical_projection_keeps_mass_and_mean() -> None:
@@ -39,6 +39,6 @@ def test_categorical_loss_is_minimised_by_the_projected_target() -> None:
     optim = torch.optim.Adam([logits], lr=0.1)
     for _ in range(500):
         optim.zero_grad()
-        head.loss(logits, target_logits, reward, discount, bonus).backward()
+        head.loss(logits, target_logits, reward, discount, bonus)[0].backward()
         optim.step()
     assert torch.allclose(logits.softmax(-1)[0], wanted, atol=2e-2)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from q2real.agents.common.replay import ReplayStorage, UniformSampler
+from q2real.agents.common.replay import ReplayStorage
+from q2real.agents.common.samplers import UniformSampler
 from q2real.sim.vec_env import StepResult
 
 GAMMA = 0.5

@@ -1,0 +1,229 @@
+"""How learners draw from replay: uniformly, by priority (PER), or in D-SPEAR's two streams.
+
+Prioritized sampling runs on the training device: a sum tree over every slot of the replay storage.
+
+The tree is one flat tensor of 2 * leaves nodes (node i has children 2i and 2i+1; leaves start at
+`leaves`), so a batch of priority updates or samples is log2(leaves) vectorized steps, with no Python
+loop over elements. Slot k is storage row k // num_envs, env k % num_envs, so all N envs' transitions
+of one collection step are one contiguous run of leaves, and overwriting a ring row rewrites its leaves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from q2real.agents.common.replay import Batch, ReplayStorage
+
+
+class SumTree:
+    def __init__(self, size: int, device: torch.device):
+        self.size = size
+        self.leaves = 1 << max(0, (size - 1).bit_length())
+        self.depth = self.leaves.bit_length() - 1
+        self.nodes = torch.zeros(2 * self.leaves, dtype=torch.float64, device=device)
+
+    @property
+    def total(self) -> torch.Tensor:
+        return self.nodes[1]
+
+    def get(self, index: torch.Tensor) -> torch.Tensor:
+        return self.nodes[index + self.leaves]
+
+    def set(self, index: torch.Tensor, value: torch.Tensor) -> None:
+        """Set leaves `index` to `value` (later duplicates win) and repair the sums above them."""
+        node = index + self.leaves
+        self.nodes[node] = value.to(self.nodes.dtype)
+        for _ in range(self.depth):
+            node = torch.unique(node // 2)
+            self.nodes[node] = self.nodes[2 * node] + self.nodes[2 * node + 1]
+
+    def find(self, mass: torch.Tensor) -> torch.Tensor:
+        """The leaf whose prefix-sum interval contains each `mass` in [0, total)."""
+        node = torch.ones_like(mass, dtype=torch.long)
+        mass = mass.to(self.nodes.dtype).clone()
+        for _ in range(self.depth):
+            left = 2 * node
+            left_mass = self.nodes[left]
+            # Never step into an empty subtree (rounding at the very end of the total could).
+            right = (mass >= left_mass) & (self.nodes[left + 1] > 0)
+            mass = torch.where(right, mass - left_mass, mass)
+            node = torch.where(right, left + 1, left)
+        return node - self.leaves
+
+    def sample(self, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """`count` leaves with probability proportional to their values (stratified over the total)."""
+        total = self.total
+        offsets = torch.rand(count, generator=generator, device=self.nodes.device, dtype=self.nodes.dtype)
+        mass = (torch.arange(count, device=self.nodes.device, dtype=self.nodes.dtype) + offsets) / count * total
+        return self.find(mass)
+
+
+@dataclass
+class SamplerConfig:
+    """How the learners draw from replay. `dspear` is D-SPEAR's dual-stream prioritized replay.
+
+    D-SPEAR (Zhang & Mason 2026; only the abstract is public) as built here, on LA3P's design (Saglam
+    et al. 2023): the critic stream mixes prioritized (p = (|delta| + eps)^alpha) and uniform samples,
+    weighted by importance weights for the mixture and trained with a Huber TD loss; the actor stream
+    draws low-|delta| transitions with probability proportional to 1/p (LA3P's inverse priority); the
+    anchor sets the prioritized fraction from the coefficient of variation of recent |delta|,
+    rho = clip(anchor_gain * CV / (1 + CV), rho_min, rho_max): uniform-leaning when errors are alike
+    (CV -> 0), priority-leaning when a few transitions carry most of the error (CV large), bounded so
+    neither stream starves. The mapping is our choice (the paper's is not public).
+    """
+
+    kind: Literal["uniform", "prioritized", "dspear"] = "uniform"
+    alpha: float = 0.6
+    beta: float = 0.4
+    """Initial importance-weight exponent, annealed linearly to 1 over `beta_steps` critic updates."""
+    beta_steps: int = 100_000
+    eps: float = 1e-3
+    critic_stream: bool = True
+    """dspear: prioritized critic batches with IS weights and a Huber loss (off: uniform critic)."""
+    actor_stream: bool = True
+    """dspear: low-|delta| actor batches (off: the actor trains on the critic's batch)."""
+    anchor: bool = True
+    """dspear: CV-driven prioritized fraction (off: fully prioritized critic batches)."""
+    anchor_gain: float = 1.0
+    rho_min: float = 0.1
+    rho_max: float = 0.9
+    cv_smoothing: float = 0.99
+    """EMA factor of the CV estimate over critic batches."""
+
+    def validate(self) -> None:
+        checks = [
+            (self.alpha >= 0, "alpha", ">= 0"),
+            (0 <= self.beta <= 1, "beta", "in [0, 1]"),
+            (self.beta_steps >= 1, "beta_steps", ">= 1"),
+            (self.eps > 0, "eps", "> 0"),
+            (0 <= self.rho_min <= self.rho_max <= 1, "rho_min/rho_max", "0 <= rho_min <= rho_max <= 1"),
+            (0 <= self.cv_smoothing < 1, "cv_smoothing", "in [0, 1)"),
+        ]
+        for ok, key, expected in checks:
+            if not ok:
+                raise ValueError(f"sampler.{key}: expected {expected}")
+
+
+class UniformSampler:
+    """Every stored transition equally likely; one batch serves critic and actor."""
+
+    def sample(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch:
+        row = torch.randint(0, storage.size, (batch_size,), device=storage.device)
+        env = torch.randint(0, storage.num_envs, (batch_size,), device=storage.device)
+        return storage.gather(row, env, n_step, gamma)
+
+    def sample_actor(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch | None:
+        return None
+
+    def on_add(self, storage: ReplayStorage) -> None: ...
+
+    def update(self, batch: Batch, td_abs: torch.Tensor) -> None: ...
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class PrioritizedSampler(UniformSampler):
+    """Prioritized experience replay (Schaul et al. 2016), and D-SPEAR's two streams over it."""
+
+    def __init__(self, config: SamplerConfig, storage: ReplayStorage):
+        self.config = config
+        self.dual = config.kind == "dspear"
+        self.num_envs = storage.num_envs
+        size = storage.rows * storage.num_envs
+        self.priority = SumTree(size, storage.device)
+        self.inverse = SumTree(size, storage.device)
+        self.max_priority = 1.0
+        self.critic_updates = 0
+        self.cv = 0.0
+
+    @property
+    def rho(self) -> float:
+        """Fraction of each critic batch drawn by priority."""
+        cfg = self.config
+        if not self.dual:
+            return 1.0
+        if not cfg.critic_stream:
+            return 0.0
+        if not cfg.anchor:
+            return 1.0
+        return min(max(cfg.anchor_gain * self.cv / (1 + self.cv), cfg.rho_min), cfg.rho_max)
+
+    @property
+    def beta(self) -> float:
+        cfg = self.config
+        return min(1.0, cfg.beta + (1 - cfg.beta) * self.critic_updates / cfg.beta_steps)
+
+    def on_add(self, storage: ReplayStorage) -> None:
+        """New transitions (the row just written) get the largest priority seen, so each is replayed soon."""
+        row = (storage.pos - 1) % storage.rows
+        slots = row * storage.num_envs + torch.arange(storage.num_envs, device=storage.device)
+        p = torch.full((storage.num_envs,), self.max_priority, dtype=torch.float64, device=storage.device)
+        self.priority.set(slots, p)
+        self.inverse.set(slots, 1.0 / p)
+
+    def sample(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch:
+        rho = self.rho
+        n_prior = round(rho * batch_size)
+        filled = storage.size * storage.num_envs
+        uniform = torch.randint(0, filled, (batch_size - n_prior,), device=storage.device)
+        slots = torch.cat([self.priority.sample(n_prior), uniform]) if n_prior else uniform
+        batch = storage.gather(slots // storage.num_envs, slots % storage.num_envs, n_step, gamma)
+        if rho > 0:
+            # Importance weights of the mixture actually sampled from, normalized by the batch maximum.
+            q = rho * self.priority.get(slots) / self.priority.total + (1 - rho) / filled
+            weight = (q * filled).pow(-self.beta)
+            batch.weight = (weight / weight.max()).float()
+        self.critic_updates += 1
+        return batch
+
+    def sample_actor(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch | None:
+        if not (self.dual and self.config.actor_stream):
+            return None
+        slots = self.inverse.sample(batch_size)
+        return storage.gather(slots // storage.num_envs, slots % storage.num_envs, n_step, gamma)
+
+    def update(self, batch: Batch, td_abs: torch.Tensor) -> None:
+        cfg = self.config
+        p = (td_abs.double() + cfg.eps).pow(cfg.alpha)
+        slots = batch.row * self.num_envs + batch.env
+        self.priority.set(slots, p)
+        self.inverse.set(slots, 1.0 / p)
+        self.max_priority = max(self.max_priority, float(p.max()))
+        mean = float(td_abs.mean())
+        cv = float(td_abs.std()) / mean if mean > 0 else 0.0
+        self.cv = cfg.cv_smoothing * self.cv + (1 - cfg.cv_smoothing) * cv if self.critic_updates > 1 else cv
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        values = {"replay/td_cv": self.cv, "replay/prioritized_fraction": self.rho, "replay/beta": self.beta}
+        return {key: torch.tensor(value) for key, value in values.items()}
+
+    def state_dict(self) -> dict:
+        return {
+            "priority": self.priority.nodes,
+            "inverse": self.inverse.nodes,
+            "max_priority": self.max_priority,
+            "critic_updates": self.critic_updates,
+            "cv": self.cv,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if not state:  # a checkpoint of a uniformly sampled run: priorities start fresh
+            return
+        self.priority.nodes.copy_(state["priority"])
+        self.inverse.nodes.copy_(state["inverse"])
+        self.max_priority = float(state["max_priority"])
+        self.critic_updates = int(state["critic_updates"])
+        self.cv = float(state["cv"])
+
+
+def make_sampler(config: SamplerConfig, storage: ReplayStorage) -> UniformSampler:
+    return UniformSampler() if config.kind == "uniform" else PrioritizedSampler(config, storage)
