@@ -1,15 +1,14 @@
 """How learners draw from replay: uniformly, by priority (PER), or in D-SPEAR's two streams.
 
-Prioritized sampling runs on the training device: a sum tree over every slot of the replay storage.
-
-The tree is one flat tensor of 2 * leaves nodes (node i has children 2i and 2i+1; leaves start at
-`leaves`), so a batch of priority updates or samples is log2(leaves) vectorized steps, with no Python
-loop over elements. Slot k is storage row k // num_envs, env k % num_envs, so all N envs' transitions
-of one collection step are one contiguous run of leaves, and overwriting a ring row rewrites its leaves.
+Prioritized sampling runs on the training device: a sum tree over every slot of the replay storage,
+updated and sampled for whole batches with no Python loop over elements. Slot k is storage row
+k // num_envs, env k % num_envs, so all N envs' transitions of one collection step are one contiguous
+run of leaves, and overwriting a ring row rewrites its leaves.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,45 +18,52 @@ from q2real.agents.common.replay import Batch, ReplayStorage
 
 
 class SumTree:
-    def __init__(self, size: int, device: torch.device):
-        self.size = size
-        self.leaves = 1 << max(0, (size - 1).bit_length())
-        self.depth = self.leaves.bit_length() - 1
-        self.nodes = torch.zeros(2 * self.leaves, dtype=torch.float64, device=device)
+    """A sum tree with `fanout` children per node: log_fanout(size) levels (4 for 1M slots at 32) instead
+    of log2(size), each level one batched gather + cumsum + searchsorted, so a batch costs a few dozen
+    tensor ops whatever its size. `levels[0]` holds the leaves, `levels[-1]` the single root."""
+
+    def __init__(self, size: int, device: torch.device, fanout: int = 32):
+        self.size, self.fanout = size, fanout
+        depth = max(1, math.ceil(math.log(max(size, 2), fanout) - 1e-9))
+        self.levels = [torch.zeros(fanout ** (depth - j), dtype=torch.float64, device=device) for j in range(depth + 1)]
 
     @property
     def total(self) -> torch.Tensor:
-        return self.nodes[1]
+        return self.levels[-1][0]
 
     def get(self, index: torch.Tensor) -> torch.Tensor:
-        return self.nodes[index + self.leaves]
+        return self.levels[0][index]
 
     def set(self, index: torch.Tensor, value: torch.Tensor) -> None:
-        """Set leaves `index` to `value` (later duplicates win) and repair the sums above them."""
-        node = index + self.leaves
-        self.nodes[node] = value.to(self.nodes.dtype)
-        for _ in range(self.depth):
-            node = torch.unique(node // 2)
-            self.nodes[node] = self.nodes[2 * node] + self.nodes[2 * node + 1]
+        """Set leaves `index` to `value` (later duplicates win) and repair the sums above them. Duplicate
+        parents are fine: each writes the same sum of the same children."""
+        self.levels[0][index] = value.to(torch.float64)
+        node = index
+        for below, level in zip(self.levels, self.levels[1:], strict=False):
+            node = node // self.fanout
+            level[node] = below.view(-1, self.fanout)[node].sum(dim=1)
 
     def find(self, mass: torch.Tensor) -> torch.Tensor:
         """The leaf whose prefix-sum interval contains each `mass` in [0, total)."""
-        node = torch.ones_like(mass, dtype=torch.long)
-        mass = mass.to(self.nodes.dtype).clone()
-        for _ in range(self.depth):
-            left = 2 * node
-            left_mass = self.nodes[left]
-            # Never step into an empty subtree (rounding at the very end of the total could).
-            right = (mass >= left_mass) & (self.nodes[left + 1] > 0)
-            mass = torch.where(right, mass - left_mass, mass)
-            node = torch.where(right, left + 1, left)
-        return node - self.leaves
+        mass = mass.to(torch.float64).unsqueeze(1)
+        node = torch.zeros(mass.shape[0], dtype=torch.long, device=mass.device)
+        last = torch.arange(self.fanout, device=mass.device)
+        for level in reversed(self.levels[:-1]):
+            children = level.view(-1, self.fanout)[node]  # (B, fanout)
+            cum = children.cumsum(dim=1)
+            pick = torch.searchsorted(cum, mass, right=True)
+            # Never step into an empty child (rounding at the very end of the total could).
+            nonempty = torch.where(children > 0, last, 0).amax(dim=1, keepdim=True)
+            pick = torch.minimum(pick, nonempty)
+            mass = mass - torch.where(pick > 0, cum.gather(1, (pick - 1).clamp_min(0)), 0.0)
+            node = node * self.fanout + pick.squeeze(1)
+        return node
 
     def sample(self, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """`count` leaves with probability proportional to their values (stratified over the total)."""
-        total = self.total
-        offsets = torch.rand(count, generator=generator, device=self.nodes.device, dtype=self.nodes.dtype)
-        mass = (torch.arange(count, device=self.nodes.device, dtype=self.nodes.dtype) + offsets) / count * total
+        device = self.levels[0].device
+        offsets = torch.rand(count, generator=generator, device=device, dtype=torch.float64)
+        mass = (torch.arange(count, device=device, dtype=torch.float64) + offsets) / count * self.total
         return self.find(mass)
 
 
@@ -208,8 +214,8 @@ class PrioritizedSampler(UniformSampler):
 
     def state_dict(self) -> dict:
         return {
-            "priority": self.priority.nodes,
-            "inverse": self.inverse.nodes,
+            "priority": self.priority.levels,
+            "inverse": self.inverse.levels,
             "max_priority": self.max_priority,
             "critic_updates": self.critic_updates,
             "cv": self.cv,
@@ -218,8 +224,9 @@ class PrioritizedSampler(UniformSampler):
     def load_state_dict(self, state: dict) -> None:
         if not state:  # a checkpoint of a uniformly sampled run: priorities start fresh
             return
-        self.priority.nodes.copy_(state["priority"])
-        self.inverse.nodes.copy_(state["inverse"])
+        for tree, levels in ((self.priority, state["priority"]), (self.inverse, state["inverse"])):
+            for level, saved in zip(tree.levels, levels, strict=True):
+                level.copy_(saved)
         self.max_priority = float(state["max_priority"])
         self.critic_updates = int(state["critic_updates"])
         self.cv = float(state["cv"])

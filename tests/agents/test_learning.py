@@ -3,7 +3,7 @@
 A uniform-random policy scores about 55 (500 steps, reward in [0, 1]). Each run evaluates every 5k
 env steps and stops once the deterministic evaluation reaches the threshold; thresholds sit below
 what seed-0 runs reached within the budget (SAC 390 and TD3 296 at 30k steps, FlashSAC 113-123,
-SAC with Parallel Q-Learning 436 at 30k).
+SAC with Parallel Q-Learning 436 at 30k, SAC with D-SPEAR replay 305 at 25k).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ CASES = {
     ),
     # Parallel Q-Learning: critic and policy learners in their own processes (seed 0 reached 436 at 30k).
     "sac+pql": ("sac", 35_000, 300.0, [*SAC_128, "pql.enabled=true"]),
+    # D-SPEAR dual-stream prioritized replay (seed 0 reached 305 at 25k).
+    "sac+dspear": ("sac", 35_000, 250.0, [*SAC_128, "sampler.kind=dspear", "threads=2"]),
 }
 
 

@@ -17,14 +17,15 @@ CPU = torch.device("cpu")
 @settings(max_examples=60, deadline=None)
 @given(
     size=st.integers(1, 300),
+    fanout=st.sampled_from([2, 4, 32]),
     updates=st.lists(
         st.lists(st.tuples(st.integers(0, 10_000), st.floats(0, 1e3, allow_nan=False)), min_size=1, max_size=40),
         min_size=1,
         max_size=8,
     ),
 )
-def test_every_node_is_the_sum_of_its_children_after_any_batch_updates(size, updates) -> None:
-    tree = SumTree(size, CPU)
+def test_every_node_is_the_sum_of_its_children_after_any_batch_updates(size, updates, fanout) -> None:
+    tree = SumTree(size, CPU, fanout=fanout)
     expected = torch.zeros(size, dtype=torch.float64)
     for batch in updates:
         index = torch.tensor([i % size for i, _ in batch])
@@ -32,10 +33,10 @@ def test_every_node_is_the_sum_of_its_children_after_any_batch_updates(size, upd
         tree.set(index, value)
         for i, v in zip(index.tolist(), value.tolist(), strict=True):
             expected[i] = v  # later duplicates win, as in the tree
-    assert torch.allclose(tree.nodes[tree.leaves : tree.leaves + size], expected)
+    assert torch.allclose(tree.levels[0][:size], expected) and not tree.levels[0][size:].any()
     assert torch.isclose(tree.total, expected.sum())
-    internal = torch.arange(1, tree.leaves)
-    assert torch.allclose(tree.nodes[internal], tree.nodes[2 * internal] + tree.nodes[2 * internal + 1])
+    for below, level in zip(tree.levels, tree.levels[1:], strict=False):
+        assert torch.allclose(level, below.view(-1, tree.fanout).sum(dim=1))
 
 
 @settings(max_examples=20, deadline=None)
