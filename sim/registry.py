@@ -19,6 +19,7 @@ TASKS: dict[str, type[Task]] = {
 ADAPTERS = {
     "gymnasium": "any gymnasium env with Box spaces, e.g. gymnasium:HalfCheetah-v5 (pip install 'q2real[gym]')",
     "playground": "a MuJoCo Playground env, e.g. playground:CartpoleSwingup (pip install 'q2real[playground]')",
+    "robosuite": "a robosuite task with a Panda arm, e.g. robosuite:Lift or robosuite:Door (see the README to install)",
 }
 
 
@@ -67,6 +68,10 @@ def make(config: EnvConfig | None = None, **changes) -> VecEnv:
             from q2real.sim.adapters.playground_env import PlaygroundEnv
 
             return PlaygroundEnv(rest, config)
+        if prefix == "robosuite":
+            from q2real.sim.adapters.robosuite_env import RobosuiteEnv
+
+            return RobosuiteEnv(rest, config)
         raise ValueError(f"env.task: unknown adapter '{prefix}:' in '{config.task}'; known: {sorted(ADAPTERS)}")
     from q2real.sim.env import TaskEnv
 

@@ -15,12 +15,21 @@ class EpisodeTracker:
         self._running = torch.zeros(3, num_envs, device=device)  # return, cost, length
         self._finished = torch.zeros(3, device=device)
         self._count = torch.zeros((), device=device)
+        # Tasks that report `info["success"]`: an episode succeeded if the flag was ever set in it.
+        self._success_running = torch.zeros(num_envs, device=device)
+        self._success_finished = torch.zeros((), device=device)
+        self._reports_success = False
 
     def update(self, result: StepResult) -> None:
         self._running += torch.stack([result.reward, result.cost, torch.ones_like(result.reward)])
         done = result.done.float()
         self._finished += (self._running * done).sum(dim=1)
         self._count += done.sum()
+        if "success" in result.info:
+            self._reports_success = True
+            self._success_running = torch.maximum(self._success_running, result.info["success"].float())
+            self._success_finished += (self._success_running * done).sum()
+            self._success_running *= 1.0 - done
         self._running *= 1.0 - done
 
     def pop(self) -> dict[str, float]:
@@ -29,9 +38,13 @@ class EpisodeTracker:
         if count == 0:
             return {}
         ret, cost, length = (self._finished / count).tolist()
+        means = {"episode_return": ret, "episode_cost": cost, "episode_length": length, "episodes": count}
+        if self._reports_success:
+            means["episode_success"] = float(self._success_finished) / count
         self._finished.zero_()
         self._count.zero_()
-        return {"episode_return": ret, "episode_cost": cost, "episode_length": length, "episodes": count}
+        self._success_finished.zero_()
+        return means
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"running": self._running, "finished": self._finished, "count": self._count}
