@@ -12,20 +12,75 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numba
+import numpy as np
 import torch
 
 from q2real.agents.common.replay import Batch, ReplayStorage
 
 
-class SumTree:
-    """A sum tree with `fanout` children per node: log_fanout(size) levels (4 for 1M slots at 32) instead
-    of log2(size), each level one batched gather + cumsum + searchsorted, so a batch costs a few dozen
-    tensor ops whatever its size. `levels[0]` holds the leaves, `levels[-1]` the single root."""
+@numba.njit(cache=True)
+def _set_cpu(nodes, starts, fanout, index, value):  # pragma: no cover - compiled
+    for i in range(index.shape[0]):
+        nodes[starts[0] + index[i]] = value[i]
+    for i in range(index.shape[0]):
+        node = index[i]
+        for j in range(1, starts.shape[0]):
+            node //= fanout
+            first = starts[j - 1] + node * fanout
+            total = 0.0
+            for c in range(fanout):
+                total += nodes[first + c]
+            nodes[starts[j] + node] = total
 
-    def __init__(self, size: int, device: torch.device, fanout: int = 32):
+
+@numba.njit(cache=True)
+def _sample_cpu(nodes, starts, fanout, offsets, out):  # pragma: no cover - compiled
+    """Stratified: sample b falls in the b-th of len(offsets) equal slices of the total mass."""
+    top = starts.shape[0] - 1
+    total = nodes[starts[top]]
+    count = offsets.shape[0]
+    for b in range(count):
+        m = (b + offsets[b]) / count * total
+        node = 0
+        for j in range(top - 1, -1, -1):
+            first = starts[j] + node * fanout
+            pick, last, acc = -1, 0, 0.0
+            for c in range(fanout):
+                v = nodes[first + c]
+                if v > 0:
+                    last = c
+                    if m < acc + v:
+                        pick = c
+                        break
+                    acc += v
+            if pick < 0:  # rounding ran past the end: take the last non-empty child, near its end
+                pick = last
+                m = nodes[first + last] * (1.0 - 1e-12)
+            else:
+                m -= acc
+            node = node * fanout + pick
+        out[b] = node
+
+
+class SumTree:
+    """A sum tree with `fanout` children per node: log_fanout(size) levels (4 for 1M slots at 32).
+
+    All levels live in one flat float64 tensor (`levels[0]` the leaves, `levels[-1]` the root). On a
+    GPU, a batch is a few dozen tensor ops (per level: gather, cumsum, searchsorted); on the CPU, where
+    per-op overhead would dominate, the same walk is a compiled loop over the tensor's memory.
+    """
+
+    def __init__(self, size: int, device: torch.device, fanout: int = 32, compiled: bool | None = None):
+        """`compiled`: use the compiled CPU walk (default: on the CPU); False forces the tensor-op path."""
         self.size, self.fanout = size, fanout
         depth = max(1, math.ceil(math.log(max(size, 2), fanout) - 1e-9))
-        self.levels = [torch.zeros(fanout ** (depth - j), dtype=torch.float64, device=device) for j in range(depth + 1)]
+        sizes = [fanout ** (depth - j) for j in range(depth + 1)]
+        self.nodes = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
+        starts = [sum(sizes[:j]) for j in range(depth + 1)]
+        self.levels = [self.nodes[start : start + n] for start, n in zip(starts, sizes, strict=True)]
+        self._cpu = device.type == "cpu" if compiled is None else compiled
+        self._starts = np.asarray(starts, dtype=np.int64)
 
     @property
     def total(self) -> torch.Tensor:
@@ -35,16 +90,20 @@ class SumTree:
         return self.levels[0][index]
 
     def set(self, index: torch.Tensor, value: torch.Tensor) -> None:
-        """Set leaves `index` to `value` (later duplicates win) and repair the sums above them. Duplicate
-        parents are fine: each writes the same sum of the same children."""
-        self.levels[0][index] = value.to(torch.float64)
+        """Set leaves `index` to `value` (later duplicates win) and repair the sums above them."""
+        value = value.to(torch.float64)
+        if self._cpu:
+            _set_cpu(self.nodes.numpy(), self._starts, self.fanout, index.numpy(), value.numpy())
+            return
+        self.levels[0][index] = value
         node = index
         for below, level in zip(self.levels, self.levels[1:], strict=False):
             node = node // self.fanout
+            # Duplicate parents are fine: each writes the same sum of the same children.
             level[node] = below.view(-1, self.fanout)[node].sum(dim=1)
 
     def find(self, mass: torch.Tensor) -> torch.Tensor:
-        """The leaf whose prefix-sum interval contains each `mass` in [0, total)."""
+        """The leaf whose prefix-sum interval contains each `mass` in [0, total) (tensor-op walk)."""
         mass = mass.to(torch.float64).unsqueeze(1)
         node = torch.zeros(mass.shape[0], dtype=torch.long, device=mass.device)
         last = torch.arange(self.fanout, device=mass.device)
@@ -61,8 +120,12 @@ class SumTree:
 
     def sample(self, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """`count` leaves with probability proportional to their values (stratified over the total)."""
-        device = self.levels[0].device
+        device = self.nodes.device
         offsets = torch.rand(count, generator=generator, device=device, dtype=torch.float64)
+        if self._cpu:
+            out = torch.empty(count, dtype=torch.long)
+            _sample_cpu(self.nodes.numpy(), self._starts, self.fanout, offsets.numpy(), out.numpy())
+            return out
         mass = (torch.arange(count, device=device, dtype=torch.float64) + offsets) / count * self.total
         return self.find(mass)
 
@@ -180,10 +243,17 @@ class PrioritizedSampler(UniformSampler):
         rho = self.rho
         n_prior = round(rho * batch_size)
         filled = storage.size * storage.num_envs
-        uniform = torch.randint(0, filled, (batch_size - n_prior,), device=storage.device)
-        slots = torch.cat([self.priority.sample(n_prior), uniform]) if n_prior else uniform
+        if n_prior == batch_size:
+            slots = self.priority.sample(batch_size)
+        else:
+            uniform = torch.randint(0, filled, (batch_size - n_prior,), device=storage.device)
+            slots = torch.cat([self.priority.sample(n_prior), uniform]) if n_prior else uniform
         batch = storage.gather(slots // storage.num_envs, slots % storage.num_envs, n_step, gamma)
-        if rho > 0:
+        if rho == 1:
+            # Importance weights (N P(i))^-beta over the batch maximum reduce to (p_min / p)^beta.
+            p = self.priority.get(slots)
+            batch.weight = (p.min() / p).pow(self.beta).float()
+        elif rho > 0:
             # Importance weights of the mixture actually sampled from, normalized by the batch maximum.
             q = rho * self.priority.get(slots) / self.priority.total + (1 - rho) / filled
             weight = (q * filled).pow(-self.beta)
@@ -214,8 +284,8 @@ class PrioritizedSampler(UniformSampler):
 
     def state_dict(self) -> dict:
         return {
-            "priority": self.priority.levels,
-            "inverse": self.inverse.levels,
+            "priority": self.priority.nodes,
+            "inverse": self.inverse.nodes,
             "max_priority": self.max_priority,
             "critic_updates": self.critic_updates,
             "cv": self.cv,
@@ -224,9 +294,8 @@ class PrioritizedSampler(UniformSampler):
     def load_state_dict(self, state: dict) -> None:
         if not state:  # a checkpoint of a uniformly sampled run: priorities start fresh
             return
-        for tree, levels in ((self.priority, state["priority"]), (self.inverse, state["inverse"])):
-            for level, saved in zip(tree.levels, levels, strict=True):
-                level.copy_(saved)
+        self.priority.nodes.copy_(state["priority"])
+        self.inverse.nodes.copy_(state["inverse"])
         self.max_priority = float(state["max_priority"])
         self.critic_updates = int(state["critic_updates"])
         self.cv = float(state["cv"])

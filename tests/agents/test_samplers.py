@@ -18,14 +18,16 @@ CPU = torch.device("cpu")
 @given(
     size=st.integers(1, 300),
     fanout=st.sampled_from([2, 4, 32]),
+    compiled=st.booleans(),
     updates=st.lists(
         st.lists(st.tuples(st.integers(0, 10_000), st.floats(0, 1e3, allow_nan=False)), min_size=1, max_size=40),
         min_size=1,
         max_size=8,
     ),
 )
-def test_every_node_is_the_sum_of_its_children_after_any_batch_updates(size, updates, fanout) -> None:
-    tree = SumTree(size, CPU, fanout=fanout)
+def test_every_node_is_the_sum_of_its_children_after_any_batch_updates(size, updates, fanout, compiled) -> None:
+    """Both walks: compiled (the CPU's) and tensor ops (the GPU's, forced here on the CPU)."""
+    tree = SumTree(size, CPU, fanout=fanout, compiled=compiled)
     expected = torch.zeros(size, dtype=torch.float64)
     for batch in updates:
         index = torch.tensor([i % size for i, _ in batch])
@@ -40,12 +42,12 @@ def test_every_node_is_the_sum_of_its_children_after_any_batch_updates(size, upd
 
 
 @settings(max_examples=20, deadline=None)
-@given(priorities=st.lists(st.floats(0, 10, allow_nan=False), min_size=2, max_size=40))
-def test_sampling_frequencies_follow_priorities(priorities) -> None:
+@given(priorities=st.lists(st.floats(0, 10, allow_nan=False), min_size=2, max_size=40), compiled=st.booleans())
+def test_sampling_frequencies_follow_priorities(priorities, compiled) -> None:
     p = torch.tensor(priorities, dtype=torch.float64)
     if p.sum() <= 0:
         p[0] = 1.0
-    tree = SumTree(len(p), CPU)
+    tree = SumTree(len(p), CPU, fanout=4, compiled=compiled)
     tree.set(torch.arange(len(p)), p)
     counts = torch.bincount(tree.sample(200_000, torch.Generator().manual_seed(0)), minlength=len(p)).double()
     assert counts[p == 0].sum() == 0, "a zero-priority slot was sampled"
