@@ -27,6 +27,10 @@ class RandomizationConfig:
     """Multiplier on each joint DoF's damping."""
     actuator_gain_scale: tuple[float, float] = (1.0, 1.0)
     """Multiplier on each actuator's gain (and position-actuator stiffness)."""
+    com_offset: float = 0.0
+    """Shift (m) of each body's centre of mass, uniform in [-com_offset, com_offset] per axis."""
+    armature: tuple[float, float] = (0.0, 0.0)
+    """Reflected rotor inertia (kg m^2 or kg) added to each joint DoF's armature."""
     obs_noise_std: float = 0.0
     """Std of Gaussian noise added to every observation entry, fresh each step."""
     obs_bias: float = 0.0
@@ -41,6 +45,11 @@ class RandomizationConfig:
                 raise ValueError(f"{where}.{name}: expected 0 < low <= high, got ({lo}, {hi})")
         if self.obs_noise_std < 0 or self.obs_bias < 0:
             raise ValueError(f"{where}: obs_noise_std and obs_bias must be >= 0")
+        if self.com_offset < 0:
+            raise ValueError(f"{where}.com_offset: expected >= 0 m, got {self.com_offset}")
+        lo, hi = self.armature
+        if not 0 <= lo <= hi:
+            raise ValueError(f"{where}.armature: expected 0 <= low <= high, got ({lo}, {hi})")
         lo, hi = self.action_latency
         if not 0 <= lo <= hi:
             raise ValueError(f"{where}.action_latency: expected 0 <= low <= high ticks, got ({lo}, {hi})")
@@ -48,7 +57,8 @@ class RandomizationConfig:
     @property
     def randomizes_physics(self) -> bool:
         ranges = (self.mass_scale, self.friction_scale, self.damping_scale, self.actuator_gain_scale)
-        return any(lo != 1.0 or hi != 1.0 for lo, hi in ranges)
+        scaled = any(lo != 1.0 or hi != 1.0 for lo, hi in ranges)
+        return scaled or self.com_offset > 0 or self.armature != (0.0, 0.0)
 
 
 def _uniform(gen: torch.Generator, low: float, high: float, shape: tuple[int, ...]) -> np.ndarray:
@@ -80,4 +90,10 @@ def sample_model_fields(
         bias[..., 1] *= scale
         fields["actuator_gainprm"] = gain
         fields["actuator_biasprm"] = bias
+    if config.com_offset > 0:
+        shift = _uniform(gen, -config.com_offset, config.com_offset, (n, model.nbody, 3))
+        shift[:, 0] = 0.0  # the world body has no mass to move
+        fields["body_ipos"] = model.body_ipos[None] + shift
+    if config.armature != (0.0, 0.0):
+        fields["dof_armature"] = model.dof_armature[None] + _uniform(gen, *config.armature, (n, model.nv))
     return fields

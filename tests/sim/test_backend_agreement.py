@@ -36,5 +36,11 @@ def test_backends_agree(task: str) -> None:
 
 
 def test_backends_agree_under_physics_randomization() -> None:
-    dr = RandomizationConfig(mass_scale=(0.5, 2.0), damping_scale=(0.5, 2.0), actuator_gain_scale=(0.8, 1.2))
+    dr = RandomizationConfig(
+        mass_scale=(0.5, 2.0),
+        damping_scale=(0.5, 2.0),
+        actuator_gain_scale=(0.8, 1.2),
+        com_offset=0.02,
+        armature=(0.0, 0.01),
+    )
     assert _compare("pendulum_swingup", dr) < TOLERANCE
