@@ -29,32 +29,27 @@ def test_sampling_is_seeded_per_env_and_within_range() -> None:
     assert added.min() >= 0.0 and added.max() <= 0.02
 
 
+def _final_obs(task: str, randomization: RandomizationConfig, steps: int, action: float) -> torch.Tensor:
+    """next_obs after `steps` constant actions from the seed-0 reset of 16 envs."""
+    env = make(task=task, num_envs=16, backend="mujoco", device="cpu", randomization=randomization)
+    env.reset(seed=0)
+    for _ in range(steps):
+        result = env.step(torch.full((16, 1), action))
+    return result.next_obs
+
+
 @pytest.mark.parametrize("single", [{"com_offset": 0.1}, {"armature": (0.01, 0.05)}], ids=["com_offset", "armature"])
 def test_each_new_physics_effect_changes_the_dynamics(single) -> None:
     """Measured, not assumed: each effect alone moves the pendulum's trajectory away from nominal."""
-
-    def final_obs(randomization: RandomizationConfig) -> torch.Tensor:
-        env = make(task="pendulum_swingup", num_envs=8, backend="mujoco", device="cpu", randomization=randomization)
-        env.reset(seed=0)
-        for _ in range(30):
-            result = env.step(torch.full((8, 1), 0.7))
-        return result.next_obs
-
-    nominal, randomized = final_obs(RandomizationConfig()), final_obs(RandomizationConfig(**single))
+    nominal = _final_obs("pendulum_swingup", RandomizationConfig(), 30, 0.7)
+    randomized = _final_obs("pendulum_swingup", RandomizationConfig(**single), 30, 0.7)
     assert (randomized - nominal).abs().max() > 1e-2
 
 
 def test_physics_randomization_changes_dynamics_per_env() -> None:
-    def final_obs(randomization: RandomizationConfig) -> torch.Tensor:
-        env = make(task="cartpole_swingup", num_envs=32, backend="mujoco", device="cpu", randomization=randomization)
-        env.reset(seed=0)
-        for _ in range(50):
-            result = env.step(torch.full((32, 1), 0.5))
-        return result.next_obs
-
-    nominal, randomized = final_obs(RandomizationConfig()), final_obs(DR)
+    nominal, randomized = (_final_obs("cartpole_swingup", dr, 50, 0.5) for dr in (RandomizationConfig(), DR))
     assert not torch.allclose(nominal, randomized, atol=1e-3)
-    assert torch.equal(randomized, final_obs(DR))
+    assert torch.equal(randomized, _final_obs("cartpole_swingup", DR, 50, 0.5))
 
 
 def test_action_latency_delays_actions_by_whole_ticks() -> None:
