@@ -107,7 +107,10 @@ class Callback:
 def build_agent(config: TrainConfig, env: VecEnv) -> ActorCritic:
     """The configured learner for `env`'s spaces, sized for the training env count (`config.env.num_envs`),
     since per-env exploration and return-scale state are part of its checkpoint."""
-    return ALGORITHMS[config.algo](config.agent, env.obs_dim, env.action_dim, config.env.num_envs, env.device)
+    agent_config = config.agent
+    if config.sampler.kind == "dspear" and config.sampler.critic_stream:
+        agent_config = dataclasses.replace(agent_config, huber=True)  # D-SPEAR's critic stream: Huber TD loss
+    return ALGORITHMS[config.algo](agent_config, env.obs_dim, env.action_dim, config.env.num_envs, env.device)
 
 
 @torch.no_grad()
@@ -143,8 +146,6 @@ class Trainer:
             config.replay_capacity, self.env.num_envs, self.env.obs_dim, self.env.action_dim, self.env.device
         )
         self.sampler = make_sampler(config.sampler, self.replay)
-        if config.sampler.kind == "dspear" and config.sampler.critic_stream:
-            self.agent.head.huber = True  # D-SPEAR's critic stream trains with a Huber TD loss
         self.episodes = EpisodeTracker(self.env.num_envs, self.env.device)
         self.step = self.iteration = 0
         self._update_credit = 0.0
@@ -188,19 +189,18 @@ class Trainer:
         if self.step < self.config.warmup_steps:
             return
         self._update_credit += self.config.updates_per_step
-        cfg = self.config.agent
         while self._update_credit >= 1.0:
             self._update_credit -= 1.0
-            metrics = self.update(cfg)
+            metrics = self.update()
             check_finite(metrics, self.step, self.last_checkpoint)
             for key, value in metrics.items():
                 self._metric_sums[key] = self._metric_sums.get(key, 0.0) + value
             self._metric_count += 1
 
-    def update(self, cfg) -> dict[str, torch.Tensor]:
+    def update(self) -> dict[str, torch.Tensor]:
         """One critic update on the sampler's critic batch (its TD errors go back to the sampler), and an
         actor update when due, on the sampler's actor batch (or the same one)."""
-        agent, sampler, replay = self.agent, self.sampler, self.replay
+        agent, sampler, replay, cfg = self.agent, self.sampler, self.replay, self.config.agent
         batch = sampler.sample(replay, cfg.batch_size, cfg.n_step, cfg.gamma)
         metrics = agent.critic_update(batch)
         sampler.update(batch, agent.last_td_abs)

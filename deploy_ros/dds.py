@@ -112,12 +112,6 @@ class Endpoints:
         self._endpoints.clear()
         self._topics.clear()
 
-    def __enter__(self) -> Endpoints:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 class DdsNode:
     """`PolicyNode` on DDS: subscriptions feed its inputs, its ticks go out as commands."""
@@ -147,7 +141,7 @@ class DdsNode:
         if self._first_names is None:
             self._first_names = list(m.name)
             self._robot_seen.set()
-        self.node.on_joint_state(m.name, m.position, m.velocity, m.effort, m.header.stamp.seconds())
+        self.node.on_joint_state(m.name, m.position, m.velocity, m.effort)
 
     def wait_for_robot(self) -> None:
         """Block until the robot's first joint state; refuse a robot whose joints differ from the bundle's."""

@@ -28,14 +28,6 @@ class Time(IdlStruct, typename=_name("builtin_interfaces/msg/Time")):
     sec: int32 = 0
     nanosec: uint32 = 0
 
-    @classmethod
-    def from_seconds(cls, seconds: float) -> "Time":
-        nanoseconds = int(round(seconds * 1e9))
-        return cls(sec=nanoseconds // 1_000_000_000, nanosec=nanoseconds % 1_000_000_000)
-
-    def seconds(self) -> float:
-        return self.sec + self.nanosec * 1e-9
-
 
 @dataclass
 @final

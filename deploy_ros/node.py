@@ -109,8 +109,7 @@ def spec_from_metadata(meta: dict, source: str, control_period: float | None = N
     joints = tuple(
         JointSpec(
             name=name,
-            position_limits=tuple(-math.inf if lo is None else lo for lo in pair[:1])
-            + tuple(math.inf if hi is None else hi for hi in pair[1:]),
+            position_limits=(-math.inf if pair[0] is None else pair[0], math.inf if pair[1] is None else pair[1]),
             velocity_limit=robot["velocity_limits"][i],
             effort_limit=robot["effort_limits"][i],
             default_position=robot["default_pose"][i],
@@ -136,8 +135,6 @@ class JointSample:
     position: np.ndarray
     """In `PolicyNode.joints` order."""
     velocity: np.ndarray
-    stamp: float
-    """The message's header stamp (seconds, the robot's clock)."""
     received: float
     """time.monotonic() when it arrived: freshness is judged on the node's own clock."""
 
@@ -153,7 +150,6 @@ class Tick:
     command: Command
     values: np.ndarray
     """Per bundle joint: effort (torque robots) or position target, as sent."""
-    state_stamp: float
     latency: float
     """Seconds from the joint state's arrival to the command being ready (NaN if no new state)."""
 
@@ -214,9 +210,7 @@ class PolicyNode:
                 "list joints the policy does not use in extra_joints)"
             )
 
-    def on_joint_state(
-        self, names, position, velocity, effort, stamp: float, received: float | None = None
-    ) -> str | None:
+    def on_joint_state(self, names, position, velocity, effort, received: float | None = None) -> str | None:
         """Store a joint state message; returns why it was refused, or None."""
         received = time.monotonic() if received is None else received
         reason = self._malformed(list(names), position, velocity, effort)
@@ -233,7 +227,7 @@ class PolicyNode:
         if self._latest is not None:
             gap = received - self._latest.received
             self._state_period = gap if math.isinf(self._state_period) else 0.9 * self._state_period + 0.1 * gap
-        self._latest = JointSample(q, qd, stamp, received)
+        self._latest = JointSample(q, qd, received)
         self._arrived.set()
         return None
 
@@ -326,7 +320,7 @@ class PolicyNode:
         latency = time.monotonic() - received if fresh else math.nan
         if fresh:
             self.latencies.append(latency)
-        return Tick(now, obs, raw, command, values, sample.stamp if sample else math.nan, latency)
+        return Tick(now, obs, raw, command, values, latency)
 
     # --- the loop ----------------------------------------------------------------------------------
     def spin(self, stop: threading.Event, publish) -> None:

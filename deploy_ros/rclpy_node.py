@@ -77,8 +77,7 @@ class RclpyPolicyNode(Node):
         if not self._checked:
             self.core.check_robot(list(m.name))  # raises: the bundle is for another robot
             self._checked = True
-        stamp = m.header.stamp.sec + m.header.stamp.nanosec * 1e-9
-        reason = self.core.on_joint_state(m.name, m.position, m.velocity, m.effort, stamp)
+        reason = self.core.on_joint_state(m.name, m.position, m.velocity, m.effort)
         if reason is not None:
             self.get_logger().warn(f"joint state refused: {reason}", throttle_duration_sec=1.0)
 

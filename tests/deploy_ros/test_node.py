@@ -23,7 +23,7 @@ def _running_node(bundle, **shield) -> tuple[PolicyNode, float]:
     node = PolicyNode(bundle, NodeConfig(autostart=True, shield=ShieldConfig(ramp_time=0.1, **shield)))
     now = 100.0
     for _ in range(10):
-        node.on_joint_state(["hinge"], [0.1], [0.0], [math.nan], stamp=now, received=now)
+        node.on_joint_state(["hinge"], [0.1], [0.0], [math.nan], received=now)
         node.tick(now)
         now += DT
     assert node.shield.mode == Mode.RUN
@@ -33,7 +33,7 @@ def _running_node(bundle, **shield) -> tuple[PolicyNode, float]:
 def test_running_node_sends_finite_efforts_within_the_limit(pendulum_bundle) -> None:
     node, now = _running_node(pendulum_bundle)
     for _ in range(50):
-        node.on_joint_state(["hinge"], [np.random.uniform(-3, 3)], [np.random.uniform(-8, 8)], [], now, now)
+        node.on_joint_state(["hinge"], [np.random.uniform(-3, 3)], [np.random.uniform(-8, 8)], [], now)
         tick = node.tick(now)
         now += DT
         assert tick.raw_action is not None and tick.observation is not None
@@ -57,7 +57,7 @@ def test_running_node_sends_finite_efforts_within_the_limit(pendulum_bundle) -> 
 def test_malformed_joint_states_are_refused_and_never_used(pendulum_bundle, message, reason) -> None:
     node, now = _running_node(pendulum_bundle)
     before = node._latest
-    refusal = node.on_joint_state(*message, stamp=now, received=now)
+    refusal = node.on_joint_state(*message, received=now)
     assert refusal is not None and refusal.startswith(reason)
     assert node._latest is before, "a refused message replaced the joint state"
     assert node.refused[reason] == 1
@@ -68,7 +68,7 @@ def test_malformed_joint_states_are_refused_and_never_used(pendulum_bundle, mess
 
 def test_nan_efforts_and_declared_extra_joints_are_accepted(pendulum_bundle) -> None:
     node = PolicyNode(pendulum_bundle, NodeConfig(extra_joints=("gripper",)))
-    assert node.on_joint_state(["gripper", "hinge"], [0.0, 0.3], [0.0, 0.1], [math.nan, math.nan], 0.0) is None
+    assert node.on_joint_state(["gripper", "hinge"], [0.0, 0.3], [0.0, 0.1], [math.nan, math.nan]) is None
     assert node._latest.position.tolist() == [0.3]
     node.check_robot(["gripper", "hinge"])
 
@@ -91,7 +91,7 @@ def test_estop_latches_on_the_next_tick_and_only_reset_clears_it(pendulum_bundle
     node.on_estop(False)
     for _ in range(5):
         now += DT
-        node.on_joint_state(["hinge"], [0.1], [0.0], [], now, now)
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], now)
         assert node.tick(now).command.mode == Mode.ESTOP
     report = node.diagnostics()
     assert report["level"] == 2 and report["values"]["mode"] == "ESTOP"
