@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -77,10 +78,17 @@ class RobotSpec:
         digest.update(self.model_path.read_bytes())
         return digest.hexdigest()
 
-    def load_model(self) -> mujoco.MjModel:
-        """Compile the robot's MJCF and write this spec's limits and gains into it."""
+    def load_model(self, scene: Callable[[mujoco.MjSpec], None] | None = None) -> mujoco.MjModel:
+        """Compile the robot's MJCF and write this spec's limits and gains into it.
+
+        `scene` may add what a task needs around the robot (objects, sites, sensors) before compiling;
+        it must not change the robot itself.
+        """
         try:
-            model = mujoco.MjModel.from_xml_path(str(self.model_path))
+            mjspec = mujoco.MjSpec.from_file(str(self.model_path))
+            if scene is not None:
+                scene(mjspec)
+            model = mjspec.compile()
         except ValueError as err:
             raise SpecError(f"{self.source}: model: {self.model_path} does not compile: {err}") from err
         apply_to_model(self, model)

@@ -39,7 +39,7 @@ class TaskEnv(VecEnv):
         self.backend_name = resolve_backend(config.backend)
         self.num_envs = n = config.num_envs
         spec = robot_spec(task_cls.robot)
-        model = spec.load_model()
+        model = spec.load_model(task_cls.scene)
         task_config = merge(task_cls.Config(), config.task_params, "env", prefix="task_params.")
         self.task = task_cls(spec, model, task_config, self.device)
         self.spec = spec
@@ -60,6 +60,10 @@ class TaskEnv(VecEnv):
         self._rows = torch.arange(n, device=self.device)
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(config.seed)
+        self._pushes = dr.push_force[1] > 0
+        self._since_push = torch.zeros(n, dtype=torch.long, device=self.device)
+        self._push_gap = torch.full((n,), dr.push_interval[1], dtype=torch.long, device=self.device)
+        self._xfrc = torch.zeros(n, model.nbody, 6, device=self.device)
 
         terms = self.task.observation_terms(self.backend.set_state(*self._initial(torch.ones(n, dtype=torch.bool))))
         self.obs_names = tuple(terms)
@@ -69,8 +73,10 @@ class TaskEnv(VecEnv):
         self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
 
     def _initial(self, mask: torch.Tensor):
+        mask = mask.to(self.device)
+        self.task.resample_command(mask, self._gen)
         qpos, qvel = self.task.initial_state(self.num_envs, self._gen)
-        return mask.to(self.device), qpos, qvel
+        return mask, qpos, qvel
 
     def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
         dr = self.config.randomization
@@ -78,11 +84,27 @@ class TaskEnv(VecEnv):
             obs = obs + dr.obs_noise_std * torch.randn(obs.shape, generator=self._gen, device=self.device)
         return obs + self._obs_bias if dr.obs_bias > 0 else obs
 
+    def _push(self) -> torch.Tensor:
+        """Body wrenches for this tick: a horizontal shove of random heading and size on the envs due one."""
+        dr, n = self.config.randomization, self.num_envs
+        # Drawn for every env every tick, so the random stream does not depend on which envs are due.
+        heading = 2 * torch.pi * torch.rand(n, generator=self._gen, device=self.device)
+        size = self.task._uniform(self._gen, *dr.push_force, (n,))
+        gap = torch.randint(dr.push_interval[0], dr.push_interval[1] + 1, (n,), generator=self._gen, device=self.device)
+        self._since_push += 1
+        due = self._since_push >= self._push_gap
+        force = torch.stack([size * torch.cos(heading), size * torch.sin(heading), torch.zeros_like(size)], dim=-1)
+        self._xfrc[:, self.task.push_body, :3] = torch.where(due[:, None], force, 0.0)
+        self._since_push[due] = 0
+        self._push_gap = torch.where(due, gap, self._push_gap)
+        return self._xfrc
+
     def reset(self, seed: int | None = None) -> torch.Tensor:
         if seed is not None:
             self._gen.manual_seed(seed)
         physics = self.backend.set_state(*self._initial(torch.ones(self.num_envs, dtype=torch.bool)))
         self._steps.zero_()
+        self._since_push.zero_()
         self._action_queue.zero_()
         return self._noisy(self.task.observe(physics))
 
@@ -92,7 +114,7 @@ class TaskEnv(VecEnv):
             self._action_queue = torch.roll(self._action_queue, 1, dims=1)
             self._action_queue[:, 0] = applied
             applied = self._action_queue[self._rows, self._latency]
-        physics = self.backend.step(self.task.action_to_ctrl(applied))
+        physics = self.backend.step(self.task.action_to_ctrl(applied), self._push() if self._pushes else None)
         true_obs = self.task.observe(physics)
         diverged = ~torch.isfinite(true_obs).all(dim=-1)
         terminated = self.task.terminated(physics) | diverged
@@ -122,6 +144,8 @@ class TaskEnv(VecEnv):
             "steps": self._steps.cpu(),
             "action_queue": self._action_queue.cpu(),
             "generator": self._gen.get_state(),
+            "command": self.task.command.cpu(),
+            "pushes": torch.stack([self._since_push, self._push_gap]).cpu(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -129,6 +153,9 @@ class TaskEnv(VecEnv):
         self._steps.copy_(state["steps"])
         self._action_queue.copy_(state["action_queue"])
         self._gen.set_state(state["generator"])
+        self.task.command = state["command"].to(self.device)
+        self._since_push.copy_(state["pushes"][0])
+        self._push_gap.copy_(state["pushes"][1])
 
     def close(self) -> None:
         self.backend.close()

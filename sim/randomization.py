@@ -27,6 +27,10 @@ class RandomizationConfig:
     """Multiplier on each joint DoF's damping."""
     actuator_gain_scale: tuple[float, float] = (1.0, 1.0)
     """Multiplier on each actuator's gain (and position-actuator stiffness)."""
+    kp_scale: tuple[float, float] = (1.0, 1.0)
+    """Multiplier on the stiffness of each position (PD) actuator."""
+    kd_scale: tuple[float, float] = (1.0, 1.0)
+    """Multiplier on the damping of each position (PD) actuator."""
     com_offset: float = 0.0
     """Shift (m) of each body's centre of mass, uniform in [-com_offset, com_offset] per axis."""
     armature: tuple[float, float] = (0.0, 0.0)
@@ -37,9 +41,13 @@ class RandomizationConfig:
     """Per-env constant offset on every observation entry, uniform in [-obs_bias, obs_bias]."""
     action_latency: tuple[int, int] = (0, 0)
     """Per-env delay, in control ticks, between choosing an action and it reaching the actuators."""
+    push_force: tuple[float, float] = (0.0, 0.0)
+    """Magnitude (N) of horizontal shoves on the task's push body, each held for one control tick."""
+    push_interval: tuple[int, int] = (50, 150)
+    """Control ticks between two shoves of one env, drawn afresh after each."""
 
     def validate(self, where: str = "randomization") -> None:
-        for name in ("mass_scale", "friction_scale", "damping_scale", "actuator_gain_scale"):
+        for name in ("mass_scale", "friction_scale", "damping_scale", "actuator_gain_scale", "kp_scale", "kd_scale"):
             lo, hi = getattr(self, name)
             if not 0 < lo <= hi:
                 raise ValueError(f"{where}.{name}: expected 0 < low <= high, got ({lo}, {hi})")
@@ -53,10 +61,23 @@ class RandomizationConfig:
         lo, hi = self.action_latency
         if not 0 <= lo <= hi:
             raise ValueError(f"{where}.action_latency: expected 0 <= low <= high ticks, got ({lo}, {hi})")
+        lo, hi = self.push_force
+        if not 0 <= lo <= hi:
+            raise ValueError(f"{where}.push_force: expected 0 <= low <= high N, got ({lo}, {hi})")
+        lo, hi = self.push_interval
+        if not 1 <= lo <= hi:
+            raise ValueError(f"{where}.push_interval: expected 1 <= low <= high ticks, got ({lo}, {hi})")
 
     @property
     def randomizes_physics(self) -> bool:
-        ranges = (self.mass_scale, self.friction_scale, self.damping_scale, self.actuator_gain_scale)
+        ranges = (
+            self.mass_scale,
+            self.friction_scale,
+            self.damping_scale,
+            self.actuator_gain_scale,
+            self.kp_scale,
+            self.kd_scale,
+        )
         scaled = any(lo != 1.0 or hi != 1.0 for lo, hi in ranges)
         return scaled or self.com_offset > 0 or self.armature != (0.0, 0.0)
 
@@ -82,12 +103,16 @@ def sample_model_fields(
         fields["geom_friction"] = friction
     if config.damping_scale != (1.0, 1.0):
         fields["dof_damping"] = model.dof_damping[None] * _uniform(gen, *config.damping_scale, (n, model.nv))
-    if config.actuator_gain_scale != (1.0, 1.0):
-        scale = _uniform(gen, *config.actuator_gain_scale, (n, model.nu))
+    gains = (config.actuator_gain_scale, config.kp_scale, config.kd_scale)
+    if any(g != (1.0, 1.0) for g in gains):
+        # Position actuators: force = kp * ctrl - kp * q - kd * qdot, so a stiffness scale moves gain
+        # and bias together; a motor's strength is its gain alone (its bias terms are zero).
+        strength, kp, kd = (_uniform(gen, *g, (n, model.nu)) for g in gains)
         gain = np.repeat(model.actuator_gainprm[None], n, axis=0)
         bias = np.repeat(model.actuator_biasprm[None], n, axis=0)
-        gain[..., 0] *= scale
-        bias[..., 1] *= scale
+        gain[..., 0] *= strength * kp
+        bias[..., 1] *= strength * kp
+        bias[..., 2] *= kd
         fields["actuator_gainprm"] = gain
         fields["actuator_biasprm"] = bias
     if config.com_offset > 0:

@@ -8,13 +8,21 @@ from dataclasses import dataclass
 
 from q2real.sim.config import EnvConfig
 from q2real.sim.task import Task, TaskConfig
+from q2real.sim.tasks.arm_push import ArmPush
+from q2real.sim.tasks.arm_reach import ArmReach
 from q2real.sim.tasks.cartpole import CartpoleSwingup
+from q2real.sim.tasks.gr1_stand import GR1Stand
 from q2real.sim.tasks.pendulum import PendulumSwingup
+from q2real.sim.tasks.spot_joystick import SpotJoystick
 from q2real.sim.vec_env import VecEnv
 
 TASKS: dict[str, type[Task]] = {
     "pendulum_swingup": PendulumSwingup,
     "cartpole_swingup": CartpoleSwingup,
+    "panda_reach": ArmReach,
+    "panda_push": ArmPush,
+    "spot_joystick": SpotJoystick,
+    "gr1_stand": GR1Stand,
 }
 ADAPTERS = {
     "gymnasium": "any gymnasium env with Box spaces, e.g. gymnasium:HalfCheetah-v5 (pip install 'q2real[gym]')",

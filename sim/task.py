@@ -33,6 +33,14 @@ class Task(ABC):
     robot: str
     """Name of the spec in `hardware/` this task runs on."""
     Config: type[TaskConfig] = TaskConfig
+    command_dim: int = 0
+    """Size of the per-episode command (a target, a velocity) the policy is asked to follow; on a
+    robot it arrives on the node's command input."""
+
+    @classmethod
+    def scene(cls, mjspec: mujoco.MjSpec) -> None:
+        """Add what the task needs around the robot (objects, sites, sensors) to its MJCF."""
+        return None
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: TaskConfig, device: torch.device):
         self.spec = spec
@@ -56,6 +64,15 @@ class Task(ABC):
             self.command_offset = default
         # MuJoCo ctrl is the command divided by the actuator gear (1 for position actuators).
         self._gear = gear if spec.control_mode == "torque" else torch.ones_like(gear)
+        self.command: torch.Tensor | None = None
+        """The current command of every env (num_envs, command_dim)."""
+
+    @property
+    def push_body(self) -> int:
+        """Body that randomized shoves act on: the link of the last actuated joint (an arm's wrist);
+        floating-base tasks shove their base."""
+        joint = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, self.spec.joint_names[-1])
+        return int(self.model.jnt_bodyid[joint])
 
     @property
     def action_dim(self) -> int:
@@ -64,6 +81,15 @@ class Task(ABC):
     def action_to_ctrl(self, action: torch.Tensor) -> torch.Tensor:
         """Map policy actions in [-1, 1] to MuJoCo `ctrl` through the robot spec."""
         return (self.command_offset + self.command_scale * action) / self._gear
+
+    def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
+        """Fresh commands (num_envs, command_dim) for new episodes; tasks with a command override it."""
+        return torch.zeros(num_envs, 0, device=self.device)
+
+    def resample_command(self, mask: torch.Tensor, gen: torch.Generator) -> None:
+        """Give the envs where `mask` is true a new command (called on every reset)."""
+        new = self.sample_command(mask.shape[0], gen)
+        self.command = new if self.command is None else torch.where(mask[:, None], new, self.command)
 
     @abstractmethod
     def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,14 +6,24 @@ backend and XLA on CPU has been seen to hang for good at batch >= 1024, so CPU u
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import mujoco
-import numpy as np
-import torch
-from mujoco import mjx
+import functools
+import os
 
-from q2real.sim.physics import PhysicsState
+# XLA's CPU fusion emitters duplicate work along MJX's per-depth body-tree passes, so kinematics cost
+# grows about exponentially with the depth of the kinematic chain (measured: 0.7 ms for a 3-link chain,
+# 37 ms for 7 links, 136 ms per step for the Panda; 0.8 ms for 7 links without them). The flag only
+# takes effect if JAX's CPU backend has not started yet, and is ignored on GPUs.
+if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false").strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from mujoco import mjx  # noqa: E402
+
+from q2real.sim.physics import PhysicsState  # noqa: E402
 
 
 def _to_torch(array: jax.Array, device: torch.device) -> torch.Tensor:
@@ -22,6 +32,30 @@ def _to_torch(array: jax.Array, device: torch.device) -> torch.Tensor:
 
 def _to_jax(tensor: torch.Tensor) -> jax.Array:
     return jnp.from_dlpack(tensor.detach().to(torch.float32).contiguous())
+
+
+def _step_one(substeps: int, m: mjx.Model, d: mjx.Data, ctrl: jax.Array, xfrc: jax.Array) -> mjx.Data:
+    d = d.replace(ctrl=ctrl, xfrc_applied=xfrc)
+    return jax.lax.fori_loop(0, substeps, lambda _, d: mjx.step(m, d), d)
+
+
+def _reset_one(m: mjx.Model, d: mjx.Data, fresh: mjx.Data, reset: jax.Array, qpos, qvel) -> mjx.Data:
+    fresh = mjx.forward(m, fresh.replace(qpos=qpos, qvel=qvel))
+    return jax.tree.map(lambda new, old: jnp.where(reset, new, old), fresh, d)
+
+
+_PROGRAMS: dict = {}
+
+
+def _programs(substeps: int, axes: mjx.Model):
+    """Jitted batched step and reset, shared by every backend with the same substeps and batched fields,
+    so a second env of the same robot (an evaluation env, a test's twin) reuses XLA's compiled code."""
+    key = (substeps, jax.tree.structure(axes), tuple(jax.tree.leaves(axes, is_leaf=lambda x: x is None)))
+    if key not in _PROGRAMS:
+        step = jax.vmap(functools.partial(_step_one, substeps), in_axes=(axes, 0, 0, 0))
+        reset = jax.vmap(_reset_one, in_axes=(axes, 0, 0, 0, 0, 0))
+        _PROGRAMS[key] = (jax.jit(step), jax.jit(reset))
+    return _PROGRAMS[key]
 
 
 class MjxBackend:
@@ -46,17 +80,8 @@ class MjxBackend:
         self._mx = mx
         initial = mjx.make_data(mjx.put_model(model, impl="jax"))
         self._initial = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_envs, *x.shape)), initial)
-
-        def step_one(m: mjx.Model, d: mjx.Data, ctrl: jax.Array) -> mjx.Data:
-            d = d.replace(ctrl=ctrl)
-            return jax.lax.fori_loop(0, substeps, lambda _, d: mjx.step(m, d), d)
-
-        def reset_one(m: mjx.Model, d: mjx.Data, fresh: mjx.Data, reset: jax.Array, qpos, qvel) -> mjx.Data:
-            fresh = mjx.forward(m, fresh.replace(qpos=qpos, qvel=qvel))
-            return jax.tree.map(lambda new, old: jnp.where(reset, new, old), fresh, d)
-
-        self._step = jax.jit(jax.vmap(step_one, in_axes=(axes, 0, 0)))
-        self._reset = jax.jit(jax.vmap(reset_one, in_axes=(axes, 0, 0, 0, 0, 0)))
+        self._step, self._reset = _programs(substeps, axes)
+        self._no_push = jnp.zeros((num_envs, model.nbody, 6), jnp.float32)
         self._data = self._initial
 
     def _view(self) -> PhysicsState:
@@ -65,8 +90,9 @@ class MjxBackend:
             _to_torch(d.qpos, self.device), _to_torch(d.qvel, self.device), _to_torch(d.sensordata, self.device)
         )
 
-    def step(self, ctrl: torch.Tensor) -> PhysicsState:
-        self._data = self._step(self._mx, self._data, _to_jax(ctrl))
+    def step(self, ctrl: torch.Tensor, xfrc: torch.Tensor | None = None) -> PhysicsState:
+        wrench = self._no_push if xfrc is None else _to_jax(xfrc)
+        self._data = self._step(self._mx, self._data, _to_jax(ctrl), wrench)
         return self._view()
 
     def set_state(self, mask: torch.Tensor, qpos: torch.Tensor, qvel: torch.Tensor) -> PhysicsState:

@@ -18,6 +18,7 @@ from mujoco import rollout
 from q2real.sim.physics import PhysicsState
 
 _FULL = mujoco.mjtState.mjSTATE_FULLPHYSICS
+_CTRL = int(mujoco.mjtState.mjSTATE_CTRL)
 
 
 def _state_slice(model: mujoco.MjModel, component: mujoco.mjtState) -> slice:
@@ -62,6 +63,7 @@ class NativeBackend:
         mujoco.mj_getState(model, self._datas[0], self._initial, _FULL)
         self._state = np.tile(self._initial, (num_envs, 1))
         self._ctrl = np.zeros((num_envs, substeps, model.nu))
+        self._ctrl_xfrc: np.ndarray | None = None
         self._out_state = np.empty((num_envs, substeps, nstate))
         self._out_sensor = np.zeros((num_envs, substeps, model.nsensordata))
         self._sensor = np.zeros((num_envs, model.nsensordata))
@@ -74,13 +76,23 @@ class NativeBackend:
             tensor(self._state[:, self._qpos]), tensor(self._state[:, self._qvel]), tensor(self._sensor)
         )
 
-    def step(self, ctrl: torch.Tensor) -> PhysicsState:
-        self._ctrl[:] = ctrl.detach().to("cpu", torch.float64).numpy()[:, None, :]
+    def step(self, ctrl: torch.Tensor, xfrc: torch.Tensor | None = None) -> PhysicsState:
+        nu = self.model.nu
+        if xfrc is None:
+            control, spec = self._ctrl, _CTRL
+        else:
+            # Controls then body wrenches, in the order of their bits in the state spec.
+            if self._ctrl_xfrc is None:
+                self._ctrl_xfrc = np.zeros((self.num_envs, self.substeps, nu + 6 * self.model.nbody))
+            control, spec = self._ctrl_xfrc, _CTRL | int(mujoco.mjtState.mjSTATE_XFRC_APPLIED)
+            control[:, :, nu:] = xfrc.detach().to("cpu", torch.float64).reshape(self.num_envs, 1, -1).numpy()
+        control[:, :, :nu] = ctrl.detach().to("cpu", torch.float64).numpy()[:, None, :]
         self._pool.rollout(
             self._models,
             self._datas,
             self._state,
-            self._ctrl,
+            control,
+            control_spec=spec,
             nstep=self.substeps,
             state=self._out_state,
             sensordata=self._out_sensor,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,6 +45,49 @@ def test_each_new_physics_effect_changes_the_dynamics(single) -> None:
     nominal = _final_obs("pendulum_swingup", RandomizationConfig(), 30, 0.7)
     randomized = _final_obs("pendulum_swingup", RandomizationConfig(**single), 30, 0.7)
     assert (randomized - nominal).abs().max() > 1e-2
+
+
+def test_pd_gain_randomization_scales_stiffness_and_damping_separately() -> None:
+    model = robot_spec("spot").load_model()
+    dr = RandomizationConfig(kp_scale=(0.5, 1.5), kd_scale=(2.0, 3.0))
+    fields = sample_model_fields(model, dr, 32, torch.Generator().manual_seed(0))
+    kp = fields["actuator_gainprm"][..., 0] / model.actuator_gainprm[None, :, 0]
+    assert kp.min() >= 0.5 and kp.max() <= 1.5 and kp.std() > 0.1
+    assert np.allclose(fields["actuator_biasprm"][..., 1] / model.actuator_biasprm[None, :, 1], kp)
+    kd = fields["actuator_biasprm"][..., 2] / model.actuator_biasprm[None, :, 2]
+    assert kd.min() >= 2.0 and kd.max() <= 3.0
+
+
+@pytest.mark.parametrize("single", [{"kp_scale": (0.5, 0.6)}, {"kd_scale": (3.0, 4.0)}], ids=["kp", "kd"])
+def test_pd_gain_randomization_changes_the_dynamics(single) -> None:
+    def joints(dr: RandomizationConfig) -> torch.Tensor:
+        env = make(task="panda_reach", num_envs=4, backend="mujoco", device="cpu", randomization=dr)
+        env.reset(seed=0)
+        for _ in range(10):
+            result = env.step(torch.full((4, 7), 0.5))
+        return result.next_obs[:, :7]
+
+    assert (joints(RandomizationConfig(**single)) - joints(RandomizationConfig())).abs().max() > 1e-2
+
+
+def test_pushes_arrive_on_schedule_and_are_seeded() -> None:
+    """With a fixed interval of k ticks the first shove lands on tick k: the trajectory equals the
+    unpushed one before it and leaves it from then on; the same seed repeats it exactly."""
+    k = 6
+
+    def run(dr: RandomizationConfig, seed: int = 0) -> list[torch.Tensor]:
+        env = make(task="gr1_stand", num_envs=4, backend="mujoco", device="cpu", randomization=dr)
+        env.reset(seed=seed)
+        return [env.step(torch.zeros(4, env.action_dim)).next_obs for _ in range(k + 2)]
+
+    pushed = RandomizationConfig(push_force=(200.0, 300.0), push_interval=(k, k))
+    calm, shoved = run(RandomizationConfig()), run(pushed)
+    for t in range(k - 1):
+        assert torch.equal(calm[t], shoved[t])
+    assert (shoved[k - 1] - calm[k - 1]).abs().max() > 0.1
+    again, other = run(pushed), run(pushed, seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(again, shoved, strict=True))
+    assert not torch.equal(other[k], shoved[k])
 
 
 def test_physics_randomization_changes_dynamics_per_env() -> None:
@@ -100,6 +144,9 @@ def test_observation_noise_and_bias() -> None:
         ({"com_offset": -0.1}, "env.randomization.com_offset: expected >= 0 m"),
         ({"armature": (0.1, 0.0)}, "env.randomization.armature: expected 0 <= low <= high"),
         ({"obs_noise_std": -1.0}, "obs_noise_std and obs_bias must be >= 0"),
+        ({"kp_scale": (1.0, 0.5)}, "env.randomization.kp_scale: expected 0 < low <= high"),
+        ({"push_force": (-1.0, 5.0)}, "env.randomization.push_force: expected 0 <= low <= high N"),
+        ({"push_interval": (0, 5)}, "env.randomization.push_interval: expected 1 <= low <= high ticks"),
     ],
 )
 def test_bad_ranges_are_refused(changes: dict, message: str) -> None:

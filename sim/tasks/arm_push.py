@@ -1,0 +1,114 @@
+"""Panda push: push a 5 cm cube on the floor to a target point with joint position commands (50 Hz).
+
+The arm has no gripper here: a 2 cm sphere on the hand is the pusher. The target (x, y on the floor,
+base frame) is the task's command. Observation terms: `joint_position` (7), `joint_velocity` (7),
+`end_effector` (3, the pusher's position), `cube_position` (3), `target` (2). The cube position needs
+a tracker on a real robot, so this task declares no robot-side observation sources.
+Reward in [0, 1] per step: (reach + 4 push) / 5 with reach = 1 - tanh(|pusher - cube| / scale) and
+push = 1 - tanh(|cube_xy - target| / scale). No terminal states.
+Reset: home pose plus joint noise, cube uniform in a box in front of the robot, target uniform in a
+larger box.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mujoco
+import torch
+
+from q2real.hardware import RobotSpec
+from q2real.sim.physics import PhysicsState
+from q2real.sim.task import Task, TaskConfig
+from q2real.sim.tasks.arm_reach import END_EFFECTOR, sensor_slice
+
+CUBE_HALF_SIZE = 0.025
+
+
+@dataclass
+class ArmPushConfig(TaskConfig):
+    episode_length: int = 200
+    cube_low: tuple[float, float] = (0.4, -0.15)
+    cube_high: tuple[float, float] = (0.6, 0.15)
+    target_low: tuple[float, float] = (0.35, -0.3)
+    target_high: tuple[float, float] = (0.7, 0.3)
+    distance_scale: float = 0.1
+    joint_noise: float = 0.05
+
+
+class ArmPush(Task):
+    robot = "panda"
+    Config = ArmPushConfig
+    command_dim = 2
+
+    def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmPushConfig, device: torch.device):
+        super().__init__(spec, model, config, device)
+        self._ee = sensor_slice(model, END_EFFECTOR)
+        cube = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, "cube")
+        self._cube_q, self._cube_v = int(model.jnt_qposadr[cube]), int(model.jnt_dofadr[cube])
+        self._home = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
+        limits = torch.tensor(spec.array("position_limits"), dtype=torch.float32, device=device)
+        self._low, self._high = limits[:, 0], limits[:, 1]
+
+    @classmethod
+    def scene(cls, mjspec: mujoco.MjSpec) -> None:
+        hand = mjspec.site(END_EFFECTOR).parent
+        hand.add_geom(
+            name="pusher",
+            type=mujoco.mjtGeom.mjGEOM_SPHERE,
+            size=(0.02, 0, 0),
+            pos=(0, 0, 0.04),
+            contype=1,
+            conaffinity=0,
+            mass=0.05,
+        )
+        hand.add_site(name="pusher", pos=(0, 0, 0.04), size=(0.005, 0, 0))
+        cube = mjspec.worldbody.add_body(name="cube", pos=(0.5, 0.0, CUBE_HALF_SIZE))
+        cube.add_freejoint(name="cube")
+        cube.add_geom(
+            type=mujoco.mjtGeom.mjGEOM_BOX,
+            size=(CUBE_HALF_SIZE,) * 3,
+            mass=0.2,
+            friction=(1.0, 0.005, 1e-4),
+            contype=1,
+            conaffinity=1,
+            rgba=(0.8, 0.2, 0.2, 1),
+        )
+        mjspec.add_sensor(
+            name=END_EFFECTOR, type=mujoco.mjtSensor.mjSENS_FRAMEPOS, objtype=mujoco.mjtObj.mjOBJ_SITE, objname="pusher"
+        )
+
+    def _box(self, gen: torch.Generator, low, high, num_envs: int) -> torch.Tensor:
+        low, high = torch.tensor(low, device=self.device), torch.tensor(high, device=self.device)
+        return low + (high - low) * torch.rand(num_envs, len(low), generator=gen, device=self.device)
+
+    def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
+        return self._box(gen, self.config.target_low, self.config.target_high, num_envs)
+
+    def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        qpos = torch.tensor(self.model.qpos0, dtype=torch.float32, device=self.device).repeat(num_envs, 1)
+        noise = self._normal(gen, self.config.joint_noise, (num_envs, self.action_dim))
+        qpos[:, self.qpos_index] = (self._home + noise).clamp(self._low, self._high)
+        c = self._cube_q
+        qpos[:, c : c + 2] = self._box(gen, self.config.cube_low, self.config.cube_high, num_envs)
+        qpos[:, c + 2] = CUBE_HALF_SIZE
+        return qpos, torch.zeros(num_envs, self.model.nv, device=self.device)
+
+    def cube_position(self, physics: PhysicsState) -> torch.Tensor:
+        return physics.qpos[:, self._cube_q : self._cube_q + 3]
+
+    def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
+        return {
+            "joint_position": physics.qpos[:, self.qpos_index],
+            "joint_velocity": physics.qvel[:, self.qvel_index],
+            "end_effector": physics.sensordata[:, self._ee],
+            "cube_position": self.cube_position(physics),
+            "target": self.command,
+        }
+
+    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        cube = self.cube_position(physics)
+        scale = self.config.distance_scale
+        reach = 1 - torch.tanh((physics.sensordata[:, self._ee] - cube).norm(dim=-1) / scale)
+        push = 1 - torch.tanh((cube[:, :2] - self.command).norm(dim=-1) / scale)
+        return (reach + 4 * push) / 5

@@ -1,0 +1,97 @@
+"""Panda reach: move the end effector to a random target with joint position commands (50 Hz).
+
+The target is the task's command: a point in the robot base frame, uniform in a box in front of the
+robot, fixed for the episode; on a robot it arrives on the node's command input. Observation terms:
+`joint_position` (7), `joint_velocity` (7), `target` (3). Reward in [0, 1] per step: 1 - tanh(d / scale)
+with d the end-effector-to-target distance, so the last centimetres still pay. No terminal states.
+Reset: home pose plus joint noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mujoco
+import torch
+
+from q2real.hardware import RobotSpec
+from q2real.sim.physics import PhysicsState
+from q2real.sim.task import Task, TaskConfig
+
+END_EFFECTOR = "end_effector"
+
+
+def add_end_effector_sensor(mjspec: mujoco.MjSpec) -> None:
+    """A `framepos` sensor on the arm's end-effector site, so both backends report its position."""
+    mjspec.add_sensor(
+        name=END_EFFECTOR,
+        type=mujoco.mjtSensor.mjSENS_FRAMEPOS,
+        objtype=mujoco.mjtObj.mjOBJ_SITE,
+        objname=END_EFFECTOR,
+    )
+
+
+def sensor_slice(model: mujoco.MjModel, name: str) -> slice:
+    sensor = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SENSOR, name)
+    start = int(model.sensor_adr[sensor])
+    return slice(start, start + int(model.sensor_dim[sensor]))
+
+
+@dataclass
+class ArmReachConfig(TaskConfig):
+    episode_length: int = 100
+    target_low: tuple[float, float, float] = (0.3, -0.3, 0.2)
+    """Lower corner (m) of the target box in the base frame."""
+    target_high: tuple[float, float, float] = (0.6, 0.3, 0.6)
+    distance_scale: float = 0.2
+    """Distance (m) at which the reward has fallen to 1 - tanh(1) = 0.24."""
+    joint_noise: float = 0.1
+    """Std (rad) of the Gaussian noise on the home pose at reset."""
+
+
+class ArmReach(Task):
+    robot = "panda"
+    Config = ArmReachConfig
+    command_dim = 3
+
+    def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmReachConfig, device: torch.device):
+        super().__init__(spec, model, config, device)
+        self._ee = sensor_slice(model, END_EFFECTOR)
+        self._home = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
+        limits = torch.tensor(spec.array("position_limits"), dtype=torch.float32, device=device)
+        self._low, self._high = limits[:, 0], limits[:, 1]
+
+    @classmethod
+    def scene(cls, mjspec: mujoco.MjSpec) -> None:
+        add_end_effector_sensor(mjspec)
+
+    def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
+        low = torch.tensor(self.config.target_low, device=self.device)
+        high = torch.tensor(self.config.target_high, device=self.device)
+        return low + (high - low) * torch.rand(num_envs, 3, generator=gen, device=self.device)
+
+    def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        noise = self._normal(gen, self.config.joint_noise, (num_envs, self.action_dim))
+        qpos = (self._home + noise).clamp(self._low, self._high)
+        return qpos, torch.zeros_like(qpos)
+
+    def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
+        return {
+            "joint_position": physics.qpos[:, self.qpos_index],
+            "joint_velocity": physics.qvel[:, self.qvel_index],
+            "target": self.command,
+        }
+
+    def observation_sources(self) -> dict[str, dict]:
+        joints = self.spec.joint_names
+        return {
+            "joint_position": {"kind": "joint_position", "joints": joints},
+            "joint_velocity": {"kind": "joint_velocity", "joints": joints},
+            "target": {"kind": "command"},
+        }
+
+    def distance(self, physics: PhysicsState) -> torch.Tensor:
+        return (physics.sensordata[:, self._ee] - self.command).norm(dim=-1)
+
+    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        return 1 - torch.tanh(self.distance(physics) / self.config.distance_scale)

@@ -1,0 +1,64 @@
+"""Spot joystick: follow a commanded planar velocity on flat ground (PD position control, 50 Hz).
+
+Command (per episode): forward and lateral speed (m/s) and yaw rate (rad/s) in the base frame,
+uniform in the configured ranges. Observation terms: `base_linear_velocity` and
+`base_angular_velocity` (base frame), `projected_gravity` (unit gravity in the base frame),
+`command` (3), `joint_position` (12, offset from the default stance) and `joint_velocity` (12).
+Reward per step (MuJoCo Playground's joystick terms without the gait shaping):
+exp(-|v_xy - cmd_xy|^2 / sigma) + 0.5 exp(-(w_z - cmd_wz)^2 / sigma) - 2 v_z^2 - 0.05 |w_xy|^2
+- 1 |g_xy|^2 (tilt), where g is the projected gravity.
+Terminated when the base falls below `fall_height` of its standing height or tilts past `max_tilt`.
+Reset: default stance at standing height, random heading, joint noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from q2real.sim.physics import PhysicsState
+from q2real.sim.tasks.floating_base import FloatingBaseConfig, FloatingBaseTask
+
+
+@dataclass
+class SpotJoystickConfig(FloatingBaseConfig):
+    episode_length: int = 1000
+    forward_speed: tuple[float, float] = (-1.0, 1.0)
+    lateral_speed: tuple[float, float] = (-0.5, 0.5)
+    yaw_rate: tuple[float, float] = (-1.0, 1.0)
+    tracking_sigma: float = 0.25
+    """Squared-error scale of the tracking rewards."""
+
+
+class SpotJoystick(FloatingBaseTask):
+    robot = "spot"
+    Config = SpotJoystickConfig
+    command_dim = 3
+
+    def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
+        c = self.config
+        ranges = (c.forward_speed, c.lateral_speed, c.yaw_rate)
+        return torch.stack([self._uniform(gen, lo, hi, (num_envs,)) for lo, hi in ranges], dim=-1)
+
+    def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
+        return {
+            "base_linear_velocity": self.base_linear_velocity(physics),
+            "base_angular_velocity": self.base_angular_velocity(physics),
+            "projected_gravity": self.projected_gravity(physics),
+            "command": self.command,
+            "joint_position": self.joint_offsets(physics),
+            "joint_velocity": physics.qvel[:, self.qvel_index],
+        }
+
+    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        v, w, g = (
+            self.base_linear_velocity(physics),
+            self.base_angular_velocity(physics),
+            self.projected_gravity(physics),
+        )
+        sigma = self.config.tracking_sigma
+        linear = torch.exp(-((v[:, :2] - self.command[:, :2]) ** 2).sum(-1) / sigma)
+        angular = torch.exp(-((w[:, 2] - self.command[:, 2]) ** 2) / sigma)
+        penalties = 2.0 * v[:, 2] ** 2 + 0.05 * (w[:, :2] ** 2).sum(-1) + (g[:, :2] ** 2).sum(-1)
+        return linear + 0.5 * angular - penalties
