@@ -1,4 +1,4 @@
-"""The `q2real` command: `train`, `eval`, `export`, `deploy`, `envs`, `presets`, `rollout`.
+"""The `q2real` command: `train`, `eval`, `export`, `deploy`, `transfer`, `envs`, `presets`, `rollout`.
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
@@ -152,6 +152,20 @@ def _deploy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _transfer(args: argparse.Namespace) -> int:
+    from q2real.agents.transfer import run_gate
+
+    print(f"q2real transfer: {args.run_dir}")
+    report = run_gate(
+        args.run_dir, backend=args.backend, episodes=args.episodes, seed=args.seed, only=args.only, ros=args.ros
+    )
+    print(
+        f"in-training evaluation {report['in_training_return']:.2f}; transfer_ratio_in_range "
+        f"{report['transfer_ratio_in_range']:.3f}; table {args.run_dir}/transfer.json, plot {args.run_dir}/transfer.png"
+    )
+    return 0
+
+
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", help="preset name (`q2real presets`) or YAML file, applied before overrides")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -185,6 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
     _job_arguments(dep)
     dep.set_defaults(func=_deploy)
+    gate = sub.add_parser(
+        "transfer",
+        help="sim-to-sim transfer gate: the run's bundle, shielded, on the other backend under perturbations",
+    )
+    gate.add_argument("run_dir", metavar="RUN_DIR")
+    gate.add_argument("--backend", choices=("mujoco", "mjx"), help="default: the backend the run did not train on")
+    gate.add_argument("--episodes", type=int, default=16, help="episodes per row (one per env)")
+    gate.add_argument("--seed", type=int, default=54321)
+    gate.add_argument("--only", nargs="+", metavar="ROW", help="evaluate only these rows (e.g. nominal 'mass beyond')")
+    gate.add_argument("--ros", action="store_true", help="also run the bundle through the ROS 2 node and sim robot")
+    gate.set_defaults(func=_transfer)
     roll = sub.add_parser("rollout", help="run a random or zero policy through a task and log its returns")
     _job_arguments(roll)
     roll.set_defaults(func=_rollout)

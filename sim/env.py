@@ -62,10 +62,14 @@ class TaskEnv(VecEnv):
         self._gen.manual_seed(config.seed)
         self._pushes = dr.push_force[1] > 0
         self._since_push = torch.zeros(n, dtype=torch.long, device=self.device)
-        self._push_gap = torch.full((n,), dr.push_interval[1], dtype=torch.long, device=self.device)
+        self._push_gap = torch.randint(dr.push_interval[0], dr.push_interval[1] + 1, (n,), generator=dr_gen)
+        self._push_gap = self._push_gap.to(self.device)
         self._xfrc = torch.zeros(n, model.nbody, 6, device=self.device)
 
-        terms = self.task.observation_terms(self.backend.set_state(*self._initial(torch.ones(n, dtype=torch.bool))))
+        self.physics = self.backend.set_state(*self._initial(torch.ones(n, dtype=torch.bool)))
+        """The true physical state after the last reset or step (after auto-resets), for tools that act
+        like a robot's drivers (the transfer gate's shields read joint states from it)."""
+        terms = self.task.observation_terms(self.physics)
         self.obs_names = tuple(terms)
         self.obs_dims = tuple(t.shape[-1] for t in terms.values())
         self.obs_dim = sum(self.obs_dims)
@@ -103,6 +107,7 @@ class TaskEnv(VecEnv):
         if seed is not None:
             self._gen.manual_seed(seed)
         physics = self.backend.set_state(*self._initial(torch.ones(self.num_envs, dtype=torch.bool)))
+        self.physics = physics
         self._steps.zero_()
         self._since_push.zero_()
         self._action_queue.zero_()
@@ -136,6 +141,7 @@ class TaskEnv(VecEnv):
             self._steps[done] = 0
             self._action_queue[done] = 0.0
             result.obs = torch.where(done[:, None], self._noisy(self.task.observe(physics)), next_obs)
+        self.physics = physics
         return result
 
     def state_dict(self) -> dict:

@@ -1,0 +1,258 @@
+"""The sim-to-sim transfer gate: how much of its training return a policy keeps where it was not trained.
+
+`q2real transfer RUN_DIR` takes the run's exported policy bundle (the file a robot would get) and
+evaluates it through the safety shield on the *other* physics backend, first unperturbed, then under
+each randomization effect at its training range ("in range") and widened beyond it ("beyond"), then
+all of them together. Every row reports its mean return as a ratio of the run's last in-training
+evaluation. With `--ros` the unperturbed bundle also runs through the ROS 2 node against the
+sim-in-the-loop robot, and its return is measured from the joint states on the wire.
+
+Effects the run did not train on are only tested "beyond", at default sizes: a policy trained without
+latency meets one tick of it there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from q2real.agents.train import TrainConfig
+from q2real.configs.loader import load
+from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.deploy_ros.node import spec_from_metadata
+from q2real.safety.shield import Shield, ShieldConfig
+from q2real.sim import RandomizationConfig, make
+from q2real.sim.config import resolve_backend
+from q2real.sim.env import TaskEnv
+
+NEUTRAL = RandomizationConfig()
+SCALES = ("mass_scale", "friction_scale", "damping_scale", "actuator_gain_scale", "kp_scale", "kd_scale")
+# Effect name -> the fields it sets, and the value used "beyond" when the run did not train on it.
+EFFECTS: dict[str, dict[str, object]] = {
+    "mass": {"mass_scale": (0.7, 1.3)},
+    "friction": {"friction_scale": (0.5, 1.5)},
+    "joint_damping": {"damping_scale": (0.5, 2.0)},
+    "actuator_gain": {"actuator_gain_scale": (0.8, 1.2)},
+    "pd_gains": {"kp_scale": (0.7, 1.3), "kd_scale": (0.7, 1.3)},
+    "com_offset": {"com_offset": 0.02},
+    "armature": {"armature": (0.0, 0.02)},
+    "obs_noise": {"obs_noise_std": 0.02},
+    "obs_bias": {"obs_bias": 0.02},
+    "latency": {"action_latency": (1, 1)},
+    "pushes": {"push_force": (5.0, 10.0), "push_interval": (50, 150)},
+}
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    name: str
+    in_range: bool
+    """True when every value lies within what the run was trained on."""
+    randomization: RandomizationConfig
+
+
+@dataclass
+class Row:
+    name: str
+    in_range: bool
+    mean: float
+    std: float
+    ratio: float
+
+
+def _trained(config: RandomizationConfig, field: str) -> bool:
+    return getattr(config, field) != getattr(NEUTRAL, field) and field != "push_interval"
+
+
+def _widen(field: str, value, default):
+    """A range reaching past the trained one: twice the deviation from neutral (or the default size)."""
+    if field in SCALES:
+        lo, hi = value
+        return (max(0.05, 1 - 2 * (1 - lo)), 1 + 2 * (hi - 1))
+    if field == "action_latency":
+        return (value[1] + 1, value[1] + 1)
+    if field == "push_interval":
+        return value
+    if isinstance(value, tuple):
+        return (value[0], 2 * value[1]) if value[1] > 0 else default
+    return 2 * value if value > 0 else default
+
+
+def perturbations(trained: RandomizationConfig) -> list[Perturbation]:
+    """The gate's rows for a run trained with `trained` randomization."""
+    rows = [Perturbation("nominal", True, NEUTRAL)]
+    together_in, together_beyond = {}, {}
+    for name, defaults in EFFECTS.items():
+        trained_fields = {f: getattr(trained, f) for f in defaults if _trained(trained, f)}
+        if trained_fields:
+            if "push_force" in trained_fields:
+                trained_fields["push_interval"] = trained.push_interval
+            rows.append(Perturbation(name, True, dataclasses.replace(NEUTRAL, **trained_fields)))
+            together_in.update(trained_fields)
+        beyond = {
+            f: _widen(f, getattr(trained, f), d) if f in trained_fields or f == "push_interval" else d
+            for f, d in defaults.items()
+        }
+        rows.append(Perturbation(f"{name} beyond", False, dataclasses.replace(NEUTRAL, **beyond)))
+        together_beyond.update(beyond)
+    if together_in:
+        rows.append(Perturbation("all in range", True, dataclasses.replace(NEUTRAL, **together_in)))
+    rows.append(Perturbation("all beyond", False, dataclasses.replace(NEUTRAL, **together_beyond)))
+    return rows
+
+
+def in_training_return(run_dir: Path) -> float:
+    """The run's last logged evaluation return."""
+    evals = []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            record = json.loads(line)
+            if "eval_return" in record:
+                evals.append(record["eval_return"])
+    if not evals:
+        raise ValueError(f"{metrics}: no eval_return logged; the gate compares against the run's own evaluation")
+    return float(evals[-1])
+
+
+def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int) -> torch.Tensor:
+    """Return of the first episode of every env, acting with the bundle through one shield per env.
+
+    Each env gets the shield a robot would run (rebuilt from the bundle's metadata), started directly
+    in RUN from the task's reset state; what reaches the simulator is the shield's command, mapped back
+    to the env's [-1, 1] action. Position robots take the shield's targets at the spec gains (the rare
+    gain reduction of its effort rule is not simulated)."""
+    spec = spec_from_metadata(bundle.info.metadata, str(bundle.path))
+    config = ShieldConfig(ramp_time=0.0, ramp_max_distance=math.inf)
+    shields = [Shield(spec, config) for _ in range(env.num_envs)]
+    names, dt = spec.joint_names, spec.control_period
+    task = env.task
+    obs = env.reset(seed=seed)
+    physics = env.physics
+    returns = torch.zeros(env.num_envs)
+    finished = torch.zeros(env.num_envs, dtype=torch.bool)
+    scale, offset = shields[0].scale, shields[0].offset
+    t = 0.0
+    for shield, q, qd in zip(shields, *_joints(task, physics), strict=True):
+        shield.tick(names, q, qd, t, t)
+        shield.start()
+        shield.run()
+    while not bool(finished.all()):
+        actions = bundle.normalized(bundle(obs.cpu().numpy()))
+        q, qd = _joints(task, physics)
+        commanded = np.empty_like(actions)
+        for i, shield in enumerate(shields):
+            command = shield.tick(names, q[i], qd[i], t, t, actions[i], 0.0)
+            value = command.effort if shield.torque else command.position
+            commanded[i] = (value - offset) / scale
+        result = env.step(torch.from_numpy(commanded).float().to(env.device))
+        physics = env.physics
+        returns += torch.where(finished, 0.0, result.reward.cpu())
+        finished |= result.done.cpu()
+        obs = result.obs
+        t += dt
+    return returns
+
+
+def _joints(task, physics) -> tuple[np.ndarray, np.ndarray]:
+    q = physics.qpos[:, task.qpos_index].double().cpu().numpy()
+    qd = physics.qvel[:, task.qvel_index].double().cpu().numpy()
+    return q, qd
+
+
+def other_backend(trained: str) -> str:
+    return "mjx" if resolve_backend(trained) == "mujoco" else "mujoco"
+
+
+def run_gate(
+    run_dir: str | Path,
+    backend: str | None = None,
+    episodes: int = 16,
+    seed: int = 54321,
+    only: list[str] | None = None,
+    ros: bool = False,
+    progress=print,
+) -> dict:
+    """Evaluate the run's bundle on every perturbation; writes RUN_DIR/transfer.json and transfer.png."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run_dir}: not a training run directory (no config.yaml)")
+    config = load(TrainConfig, str(run_dir / "config.yaml"))
+    if ":" in config.env.task:
+        raise ValueError(f"{run_dir}: env.task '{config.env.task}': the gate needs a q2real task, not an adapter")
+    bundle_path = run_dir / "policy.onnx"
+    if not bundle_path.is_file():
+        from q2real.agents.export import export_run
+
+        export_run(run_dir)
+    bundle = PolicyBundle(bundle_path)
+    reference = in_training_return(run_dir)
+    backend = backend or other_backend(config.env.backend)
+    rows_wanted = perturbations(config.env.randomization)
+    if only:
+        unknown = sorted(set(only) - {p.name for p in rows_wanted})
+        if unknown:
+            raise ValueError(f"--only: unknown rows {unknown}; this run's rows: {[p.name for p in rows_wanted]}")
+        rows_wanted = [p for p in rows_wanted if p.name in only]
+    rows: list[Row] = []
+    for p in rows_wanted:
+        env_config = dataclasses.replace(
+            config.env, backend=backend, device="cpu", num_envs=episodes, seed=seed, randomization=p.randomization
+        )
+        env = make(env_config)
+        try:
+            returns = shielded_returns(bundle, env, seed)
+        finally:
+            env.close()
+        row = Row(p.name, p.in_range, float(returns.mean()), float(returns.std()), float(returns.mean()) / reference)
+        rows.append(row)
+        progress(
+            f"  {row.name:<24} {'in range' if row.in_range else 'beyond':<9} return {row.mean:9.2f} "
+            f"+- {row.std:7.2f}   ratio {row.ratio:6.3f}"
+        )
+    if ros:
+        from q2real.agents.transfer_ros import ros_return
+
+        mean = ros_return(bundle_path, config, progress)
+        rows.append(Row("nominal via ROS 2 node", True, mean, 0.0, mean / reference))
+        progress(f"  {'nominal via ROS 2 node':<24} {'in range':<9} return {mean:9.2f}   ratio {mean / reference:6.3f}")
+    together = [r for r in rows if r.name == "all in range"] or [r for r in rows if r.name == "nominal"]
+    report = {
+        "run_dir": str(run_dir),
+        "task": config.env.task,
+        "trained_backend": resolve_backend(config.env.backend),
+        "gate_backend": backend,
+        "episodes": episodes,
+        "in_training_return": reference,
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "transfer_ratio_in_range": together[0].ratio if together else None,
+        "min_ratio_in_range": min((r.ratio for r in rows if r.in_range), default=None),
+    }
+    (run_dir / "transfer.json").write_text(json.dumps(report, indent=2))
+    _plot(report, run_dir / "transfer.png")
+    return report
+
+
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.2))
+    colors = ["tab:green" if r["in_range"] else "tab:orange" for r in rows]
+    ax.barh([r["name"] for r in rows][::-1], [r["ratio"] for r in rows][::-1], color=colors[::-1])
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.axvline(0.9, color="k", lw=0.8, ls="--")
+    ax.set_xlabel(f"return / in-training evaluation ({report['in_training_return']:.1f})")
+    ax.set_title(f"{report['task']}: trained on {report['trained_backend']}, gated on {report['gate_backend']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
