@@ -54,3 +54,13 @@ def test_sac_swings_up_the_pendulum(trained_pendulum) -> None:
     assert trained_pendulum.last_eval >= threshold, (
         f"sac: eval return {trained_pendulum.last_eval:.1f} < {threshold} after {trained_pendulum.step} steps"
     )
+
+
+@pytest.mark.timeout(600)
+def test_sac_learns_panda_reach(tmp_path: Path) -> None:
+    """Joint-space reach on the Panda (CPU): holding the home pose scores about 21, seed 0 reached
+    59 at 40k steps (66 s on 2 cores); the threshold asks for a clear move towards every target."""
+    overrides = ["env.task=panda_reach", "total_steps=40000", "eval_every=5000", "stop_return=45"]
+    overrides += ["checkpoint_every=0", f"log.root={tmp_path}", "log.tensorboard=false", "threads=2", *SAC_128]
+    trainer = train(load(TrainConfig, None, overrides))
+    assert trainer.last_eval is not None and trainer.last_eval >= 45, f"eval return {trainer.last_eval}"

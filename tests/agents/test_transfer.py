@@ -1,0 +1,90 @@
+"""The sim-to-sim transfer gate: its rows, its shielded evaluation, and the whole gate on the default task."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from q2real.agents.export import export_run
+from q2real.agents.train import evaluate
+from q2real.agents.transfer import perturbations, run_gate, shielded_returns
+from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.sim import RandomizationConfig, make
+
+
+def test_rows_follow_the_training_ranges() -> None:
+    trained = RandomizationConfig(mass_scale=(0.8, 1.2), action_latency=(0, 1), obs_noise_std=0.01)
+    rows = {p.name: p for p in perturbations(trained)}
+    assert rows["nominal"].in_range and rows["nominal"].randomization == RandomizationConfig()
+    assert rows["mass"].in_range and rows["mass"].randomization.mass_scale == (0.8, 1.2)
+    assert rows["mass beyond"].randomization.mass_scale == pytest.approx((0.6, 1.4))
+    assert rows["latency"].randomization.action_latency == (0, 1)
+    assert rows["latency beyond"].randomization.action_latency == (2, 2)
+    assert rows["obs_noise beyond"].randomization.obs_noise_std == pytest.approx(0.02)
+    # Effects the run never saw are only tested beyond, at their default sizes.
+    assert "friction" not in rows and rows["friction beyond"].randomization.friction_scale == (0.5, 1.5)
+    together = rows["all in range"].randomization
+    assert (together.mass_scale, together.action_latency, together.obs_noise_std) == ((0.8, 1.2), (0, 1), 0.01)
+    assert together.friction_scale == (1.0, 1.0)
+    assert not rows["all beyond"].in_range and rows["all beyond"].randomization.push_force[1] > 0
+
+
+@pytest.fixture(scope="module")
+def pendulum_run(trained_pendulum) -> Path:
+    export_run(trained_pendulum.path)
+    return trained_pendulum.path
+
+
+def test_the_shield_is_transparent_to_an_in_limit_policy(pendulum_run: Path) -> None:
+    """Torque actions in [-1, 1] pass the shield unchanged, so shielded returns equal plain evaluation."""
+    bundle = PolicyBundle(pendulum_run / "policy.onnx")
+    env = make(task="pendulum_swingup", num_envs=4, backend="mujoco", device="cpu")
+    shielded = shielded_returns(bundle, env, seed=3)
+
+    def policy(obs: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(bundle.normalized(bundle(obs.numpy())))
+
+    plain = evaluate(policy, env, seed=3)
+    assert torch.allclose(shielded, plain, rtol=1e-5), (shielded, plain)
+
+
+@pytest.mark.mjx
+@pytest.mark.timeout(600)
+def test_gate_on_the_default_task_end_to_end(pendulum_run: Path) -> None:
+    """Trained on native MuJoCo, gated on MJX (and through the ROS 2 node): the run keeps its return
+    unperturbed (measured ratio 1.03 with 8 episodes) and the table, JSON and plot are written."""
+    rows = ["nominal", "latency beyond", "all beyond"]
+    report = run_gate(pendulum_run, episodes=4, only=rows, ros=True, progress=lambda _: None)
+    assert report["gate_backend"] == "mjx" and report["trained_backend"] == "mujoco"
+    by_name = {r["name"]: r for r in report["rows"]}
+    assert list(by_name) == [*rows, "nominal via ROS 2 node"]
+    assert by_name["nominal"]["ratio"] > 0.85
+    # The ROS row starts from rest at the bottom, in real time (measured 0.88).
+    assert by_name["nominal via ROS 2 node"]["ratio"] > 0.6
+    assert report["transfer_ratio_in_range"] == by_name["nominal"]["ratio"]
+    saved = json.loads((pendulum_run / "transfer.json").read_text())
+    assert saved["rows"] == report["rows"]
+    assert (pendulum_run / "transfer.png").stat().st_size > 1000
+
+
+def test_gate_refuses_a_run_without_evaluations(tmp_path: Path, pendulum_run: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((pendulum_run / "config.yaml").read_text())
+    (run / "policy.onnx").write_bytes((pendulum_run / "policy.onnx").read_bytes())
+    (run / "policy.onnx.json").write_text((pendulum_run / "policy.onnx.json").read_text())
+    with pytest.raises(ValueError, match="no eval_return logged"):
+        run_gate(run, backend="mujoco", only=["nominal"], progress=lambda _: None)
+    with pytest.raises(ValueError, match=r"--only: unknown rows \['bogus'\]"):
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval_return": 1.0}) + "\n")
+        run_gate(run, backend="mujoco", only=["bogus"], progress=lambda _: None)
+
+
+def test_perturbation_values_are_valid_randomization_configs() -> None:
+    for trained in (RandomizationConfig(), RandomizationConfig(kp_scale=(0.9, 1.1), push_force=(1.0, 2.0))):
+        for p in perturbations(trained):
+            dataclasses.replace(p.randomization).validate(p.name)
