@@ -3,9 +3,12 @@
 `q2real transfer RUN_DIR` takes the run's exported policy bundle (the file a robot would get) and
 evaluates it through the safety shield on the *other* physics backend, first unperturbed, then under
 each randomization effect at its training range ("in range") and widened beyond it ("beyond"), then
-all of them together. Every row reports its mean return as a ratio of the run's last in-training
-evaluation. With `--ros` the unperturbed bundle also runs through the ROS 2 node against the
-sim-in-the-loop robot, and its return is measured from the joint states on the wire.
+all of them together. Every row reports its mean return as a ratio of the in-training evaluation,
+re-run on the same episodes as the rows: the same bundle and shield on the backend and with the
+randomization the run trained with (the run's own logged evaluation is reported beside it; with ten
+episodes it is too noisy to divide by). With `--ros` the unperturbed bundle also runs through the
+ROS 2 node against the sim-in-the-loop robot, and its return is measured from the joint states on
+the wire.
 
 Effects the run did not train on are only tested "beyond", at default sizes: a policy trained without
 latency meets one tick of it there.
@@ -108,7 +111,7 @@ def perturbations(trained: RandomizationConfig) -> list[Perturbation]:
 
 
 def in_training_return(run_dir: Path) -> float:
-    """The run's last logged evaluation return."""
+    """The run's last logged evaluation return (its own eval episodes; reported beside the reference)."""
     evals = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
@@ -192,24 +195,34 @@ def run_gate(
 
         export_run(run_dir)
     bundle = PolicyBundle(bundle_path)
-    reference = in_training_return(run_dir)
-    backend = backend or other_backend(config.env.backend)
+    logged = in_training_return(run_dir)
+    trained_backend = resolve_backend(config.env.backend)
+    backend = backend or other_backend(trained_backend)
     rows_wanted = perturbations(config.env.randomization)
     if only:
         unknown = sorted(set(only) - {p.name for p in rows_wanted})
         if unknown:
             raise ValueError(f"--only: unknown rows {unknown}; this run's rows: {[p.name for p in rows_wanted]}")
         rows_wanted = [p for p in rows_wanted if p.name in only]
-    rows: list[Row] = []
-    for p in rows_wanted:
-        env_config = dataclasses.replace(
-            config.env, backend=backend, device="cpu", num_envs=episodes, seed=seed, randomization=p.randomization
+
+    def returns_on(on: str, randomization: RandomizationConfig) -> torch.Tensor:
+        env = make(
+            dataclasses.replace(
+                config.env, backend=on, device="cpu", num_envs=episodes, seed=seed, randomization=randomization
+            )
         )
-        env = make(env_config)
         try:
-            returns = shielded_returns(bundle, env, seed)
+            return shielded_returns(bundle, env, seed)
         finally:
             env.close()
+
+    # The reference: the same bundle and shield on the very episodes of every row, as in training
+    # (trained backend, trained randomization), so row ratios are paired, not two noisy means.
+    reference = float(returns_on(trained_backend, config.env.randomization).mean())
+    progress(f"  {'as trained':<24} {'reference':<9} return {reference:9.2f}   (logged evaluation {logged:.2f})")
+    rows: list[Row] = []
+    for p in rows_wanted:
+        returns = returns_on(backend, p.randomization)
         row = Row(p.name, p.in_range, float(returns.mean()), float(returns.std()), float(returns.mean()) / reference)
         rows.append(row)
         progress(
@@ -226,10 +239,11 @@ def run_gate(
     report = {
         "run_dir": str(run_dir),
         "task": config.env.task,
-        "trained_backend": resolve_backend(config.env.backend),
+        "trained_backend": trained_backend,
         "gate_backend": backend,
         "episodes": episodes,
-        "in_training_return": reference,
+        "reference_return": reference,
+        "in_training_return": logged,
         "rows": [dataclasses.asdict(r) for r in rows],
         "transfer_ratio_in_range": together[0].ratio if together else None,
         "min_ratio_in_range": min((r.ratio for r in rows if r.in_range), default=None),
@@ -251,7 +265,7 @@ def _plot(report: dict, path: Path) -> None:
     ax.barh([r["name"] for r in rows][::-1], [r["ratio"] for r in rows][::-1], color=colors[::-1])
     ax.axvline(1.0, color="k", lw=0.8)
     ax.axvline(0.9, color="k", lw=0.8, ls="--")
-    ax.set_xlabel(f"return / in-training evaluation ({report['in_training_return']:.1f})")
+    ax.set_xlabel(f"return / return as trained ({report['reference_return']:.1f}, same episodes)")
     ax.set_title(f"{report['task']}: trained on {report['trained_backend']}, gated on {report['gate_backend']}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

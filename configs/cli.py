@@ -160,7 +160,7 @@ def _transfer(args: argparse.Namespace) -> int:
         args.run_dir, backend=args.backend, episodes=args.episodes, seed=args.seed, only=args.only, ros=args.ros
     )
     print(
-        f"in-training evaluation {report['in_training_return']:.2f}; transfer_ratio_in_range "
+        f"return as trained {report['reference_return']:.2f}; transfer_ratio_in_range "
         f"{report['transfer_ratio_in_range']:.3f}; table {args.run_dir}/transfer.json, plot {args.run_dir}/transfer.png"
     )
     return 0
