@@ -93,7 +93,8 @@ class TaskEnv(VecEnv):
         dr, n = self.config.randomization, self.num_envs
         # Drawn for every env every tick, so the random stream does not depend on which envs are due.
         heading = 2 * torch.pi * torch.rand(n, generator=self._gen, device=self.device)
-        size = self.task._uniform(self._gen, *dr.push_force, (n,))
+        lo, hi = dr.push_force
+        size = lo + (hi - lo) * torch.rand(n, generator=self._gen, device=self.device)
         gap = torch.randint(dr.push_interval[0], dr.push_interval[1] + 1, (n,), generator=self._gen, device=self.device)
         self._since_push += 1
         due = self._since_push >= self._push_gap
