@@ -18,7 +18,9 @@ def _compare(task: str, randomization: RandomizationConfig | None = None) -> flo
     if randomization is not None:
         kwargs["randomization"] = randomization
     native, mjx = make(backend="mujoco", **kwargs), make(backend="mjx", **kwargs)
-    assert torch.equal(native.reset(seed=3), mjx.reset(seed=3))
+    # Same seeded reset; sensor terms (an end effector's position) come from each backend's own
+    # forward kinematics, so they agree to float32 precision, not bit for bit.
+    assert torch.allclose(native.reset(seed=3), mjx.reset(seed=3), atol=1e-5)
     gen = torch.Generator().manual_seed(0)
     worst = 0.0
     for _ in range(STEPS):
@@ -30,10 +32,11 @@ def _compare(task: str, randomization: RandomizationConfig | None = None) -> flo
     return worst
 
 
-# Legged tasks are left out on purpose: their many floor contacts come from different collision
-# routines on the two backends (GR1's box feet differ by ~0.2 rad/s after one step even with zero
-# actions) and float32 contact dynamics diverge chaotically within tens of steps (Spot).
-CONTACT_RICH = {"spot_joystick", "gr1_stand"}
+# Contact-rich tasks are left out on purpose: their contacts come from different collision routines
+# on the two backends (GR1's box feet differ by ~0.2 rad/s after one step even with zero actions) and
+# float32 contact dynamics diverge chaotically within tens of steps (Spot; the Panda's pusher hitting
+# the cube, 0.5 apart after 200 steps). The transfer gate measures that gap instead.
+CONTACT_RICH = {"spot_joystick", "gr1_stand", "panda_push"}
 
 
 @pytest.mark.parametrize("task", sorted(set(task_names()) - CONTACT_RICH))
