@@ -130,7 +130,8 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int) -> torch.Ten
     Each env gets the shield a robot would run (rebuilt from the bundle's metadata), started directly
     in RUN from the task's reset state; what reaches the simulator is the shield's command, mapped back
     to the env's [-1, 1] action. Position robots take the shield's targets at the spec gains (the rare
-    gain reduction of its effort rule is not simulated)."""
+    gain reduction of its effort rule is not simulated). The shields tick in a Python loop over envs on
+    purpose: they are the robot's own per-robot code, and the gate is an evaluation, not a training loop."""
     spec = spec_from_metadata(bundle.info.metadata, str(bundle.path))
     config = ShieldConfig(ramp_time=0.0, ramp_max_distance=math.inf)
     shields = [Shield(spec, config) for _ in range(env.num_envs)]
