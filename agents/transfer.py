@@ -48,7 +48,7 @@ EFFECTS: dict[str, dict[str, object]] = {
     "obs_noise": {"obs_noise_std": 0.02},
     "obs_bias": {"obs_bias": 0.02},
     "latency": {"action_latency": (1, 1)},
-    "pushes": {"push_force": (5.0, 10.0), "push_interval": (50, 150)},
+    "pushes": {"push_force": (5.0, 10.0)},
 }
 
 
@@ -70,43 +70,38 @@ class Row:
 
 
 def _trained(config: RandomizationConfig, field: str) -> bool:
-    return getattr(config, field) != getattr(NEUTRAL, field) and field != "push_interval"
+    return getattr(config, field) != getattr(NEUTRAL, field)
 
 
-def _widen(field: str, value, default):
-    """A range reaching past the trained one: twice the deviation from neutral (or the default size)."""
+def _widen(field: str, value):
+    """A range reaching past a trained one: twice its deviation from neutral (latency: one tick more)."""
     if field in SCALES:
         lo, hi = value
         return (max(0.05, 1 - 2 * (1 - lo)), 1 + 2 * (hi - 1))
     if field == "action_latency":
         return (value[1] + 1, value[1] + 1)
-    if field == "push_interval":
-        return value
     if isinstance(value, tuple):
-        return (value[0], 2 * value[1]) if value[1] > 0 else default
-    return 2 * value if value > 0 else default
+        return (value[0], 2 * value[1])
+    return 2 * value
 
 
 def perturbations(trained: RandomizationConfig) -> list[Perturbation]:
     """The gate's rows for a run trained with `trained` randomization."""
-    rows = [Perturbation("nominal", True, NEUTRAL)]
+    # Pushes keep the run's own interval everywhere; it does nothing while push_force is zero.
+    base = dataclasses.replace(NEUTRAL, push_interval=trained.push_interval)
+    rows = [Perturbation("nominal", True, base)]
     together_in, together_beyond = {}, {}
     for name, defaults in EFFECTS.items():
         trained_fields = {f: getattr(trained, f) for f in defaults if _trained(trained, f)}
         if trained_fields:
-            if "push_force" in trained_fields:
-                trained_fields["push_interval"] = trained.push_interval
-            rows.append(Perturbation(name, True, dataclasses.replace(NEUTRAL, **trained_fields)))
+            rows.append(Perturbation(name, True, dataclasses.replace(base, **trained_fields)))
             together_in.update(trained_fields)
-        beyond = {
-            f: _widen(f, getattr(trained, f), d) if f in trained_fields or f == "push_interval" else d
-            for f, d in defaults.items()
-        }
-        rows.append(Perturbation(f"{name} beyond", False, dataclasses.replace(NEUTRAL, **beyond)))
+        beyond = {f: _widen(f, trained_fields[f]) if f in trained_fields else d for f, d in defaults.items()}
+        rows.append(Perturbation(f"{name} beyond", False, dataclasses.replace(base, **beyond)))
         together_beyond.update(beyond)
     if together_in:
-        rows.append(Perturbation("all in range", True, dataclasses.replace(NEUTRAL, **together_in)))
-    rows.append(Perturbation("all beyond", False, dataclasses.replace(NEUTRAL, **together_beyond)))
+        rows.append(Perturbation("all in range", True, dataclasses.replace(base, **together_in)))
+    rows.append(Perturbation("all beyond", False, dataclasses.replace(base, **together_beyond)))
     return rows
 
 

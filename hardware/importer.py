@@ -118,7 +118,7 @@ def convert(source: Source) -> str:
         body.gravcomp = float(source.gravity_compensation)
     # Pass 2: freeze the fitted primitives, delete visual geoms and every mesh, material and camera.
     visual = [g for g in geoms if g.type == _MESH or g.parent.name == "world"]  # and the source's own floor
-    for geom in geoms:
+    for i, geom in enumerate(geoms):
         g = mujoco.mj_name2id(fitted, mujoco.mjtObj.mjOBJ_GEOM, geom.name)
         if geom.meshname and geom.type != _MESH:
             geom.meshname = ""
@@ -126,7 +126,7 @@ def convert(source: Source) -> str:
             geom.fromto = [np.nan] * 6
         # Robot geoms touch the world (floor, objects) but not each other: fitted primitives of
         # neighbouring links overlap where the meshes did not.
-        geom.contype, geom.conaffinity = (1, 0) if _collision(original, geoms.index(geom)) else (0, 0)
+        geom.contype, geom.conaffinity = (1, 0) if _collision(original, i) else (0, 0)
         geom.condim = max(geom.condim, 3)  # frictionless feet (GR1's condim 1) cannot stand
         geom.material = ""
         geom.rgba = (0.7, 0.7, 0.75, 1.0)

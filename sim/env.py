@@ -107,8 +107,7 @@ class TaskEnv(VecEnv):
     def reset(self, seed: int | None = None) -> torch.Tensor:
         if seed is not None:
             self._gen.manual_seed(seed)
-        physics = self.backend.set_state(*self._initial(torch.ones(self.num_envs, dtype=torch.bool)))
-        self.physics = physics
+        self.physics = physics = self.backend.set_state(*self._initial(torch.ones(self.num_envs, dtype=torch.bool)))
         self._steps.zero_()
         self._since_push.zero_()
         self._action_queue.zero_()

@@ -56,7 +56,8 @@ class Task(ABC):
         gear = torch.tensor(model.actuator_gear[:, 0], dtype=torch.float32, device=device)
         effort = torch.tensor(spec.array("effort_limit"), dtype=torch.float32, device=device)
         limits = torch.tensor(spec.array("position_limits"), dtype=torch.float32, device=device)
-        default = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
+        self.joint_low, self.joint_high = limits[:, 0], limits[:, 1]
+        self.default_pose = default = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
         if spec.control_mode == "torque":
             self.command_scale, self.command_offset = effort, torch.zeros_like(effort)
         else:
@@ -119,8 +120,20 @@ class Task(ABC):
     def observe(self, physics: PhysicsState) -> torch.Tensor:
         return torch.cat(list(self.observation_terms(physics).values()), dim=-1)
 
-    def _uniform(self, gen: torch.Generator, low: float, high: float, shape: tuple[int, ...]) -> torch.Tensor:
+    def noisy_default_pose(self, gen: torch.Generator, num_envs: int, std: float) -> torch.Tensor:
+        """The spec's default pose plus Gaussian noise of `std`, kept inside the joint limits."""
+        noise = self._normal(gen, std, (num_envs, self.action_dim))
+        return (self.default_pose + noise).clamp(self.joint_low, self.joint_high)
+
+    def _uniform(
+        self, gen: torch.Generator, low: float | torch.Tensor, high: float | torch.Tensor, shape: tuple[int, ...]
+    ) -> torch.Tensor:
         return low + (high - low) * torch.rand(shape, generator=gen, device=self.device)
+
+    def _uniform_box(self, gen: torch.Generator, low, high, num_envs: int) -> torch.Tensor:
+        """Points uniform in the axis-aligned box [low, high] (sequences of equal length), one per env."""
+        low, high = torch.tensor(low, device=self.device), torch.tensor(high, device=self.device)
+        return self._uniform(gen, low, high, (num_envs, len(low)))
 
     def _normal(self, gen: torch.Generator, std: float, shape: tuple[int, ...]) -> torch.Tensor:
         return std * torch.randn(shape, generator=gen, device=self.device)

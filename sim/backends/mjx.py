@@ -7,23 +7,15 @@ backend and XLA on CPU has been seen to hang for good at batch >= 1024, so CPU u
 from __future__ import annotations
 
 import functools
-import os
 
-# XLA's CPU fusion emitters duplicate work along MJX's per-depth body-tree passes, so kinematics cost
-# grows about exponentially with the depth of the kinematic chain (measured: 0.7 ms for a 3-link chain,
-# 37 ms for 7 links, 136 ms per step for the Panda; 0.8 ms for 7 links without them). The flag only
-# takes effect if JAX's CPU backend has not started yet, and is ignored on GPUs.
-if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false").strip()
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import torch
+from mujoco import mjx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import mujoco  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from mujoco import mjx  # noqa: E402
-
-from q2real.sim.physics import PhysicsState  # noqa: E402
+from q2real.sim.physics import PhysicsState
 
 
 def _to_torch(array: jax.Array, device: torch.device) -> torch.Tensor:
@@ -50,7 +42,7 @@ _PROGRAMS: dict = {}
 def _programs(substeps: int, axes: mjx.Model):
     """Jitted batched step and reset, shared by every backend with the same substeps and batched fields,
     so a second env of the same robot (an evaluation env, a test's twin) reuses XLA's compiled code."""
-    key = (substeps, jax.tree.structure(axes), tuple(jax.tree.leaves(axes, is_leaf=lambda x: x is None)))
+    key = (substeps, jax.tree.structure(axes))  # None is an empty subtree, so the structure names the batched fields
     if key not in _PROGRAMS:
         step = jax.vmap(functools.partial(_step_one, substeps), in_axes=(axes, 0, 0, 0))
         reset = jax.vmap(_reset_one, in_axes=(axes, 0, 0, 0, 0, 0))

@@ -46,9 +46,6 @@ class ArmPush(Task):
         self._ee = sensor_slice(model, END_EFFECTOR)
         cube = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, "cube")
         self._cube_q, self._cube_v = int(model.jnt_qposadr[cube]), int(model.jnt_dofadr[cube])
-        self._home = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
-        limits = torch.tensor(spec.array("position_limits"), dtype=torch.float32, device=device)
-        self._low, self._high = limits[:, 0], limits[:, 1]
 
     @classmethod
     def scene(cls, mjspec: mujoco.MjSpec) -> None:
@@ -78,19 +75,14 @@ class ArmPush(Task):
             name=END_EFFECTOR, type=mujoco.mjtSensor.mjSENS_FRAMEPOS, objtype=mujoco.mjtObj.mjOBJ_SITE, objname="pusher"
         )
 
-    def _box(self, gen: torch.Generator, low, high, num_envs: int) -> torch.Tensor:
-        low, high = torch.tensor(low, device=self.device), torch.tensor(high, device=self.device)
-        return low + (high - low) * torch.rand(num_envs, len(low), generator=gen, device=self.device)
-
     def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
-        return self._box(gen, self.config.target_low, self.config.target_high, num_envs)
+        return self._uniform_box(gen, self.config.target_low, self.config.target_high, num_envs)
 
     def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         qpos = torch.tensor(self.model.qpos0, dtype=torch.float32, device=self.device).repeat(num_envs, 1)
-        noise = self._normal(gen, self.config.joint_noise, (num_envs, self.action_dim))
-        qpos[:, self.qpos_index] = (self._home + noise).clamp(self._low, self._high)
+        qpos[:, self.qpos_index] = self.noisy_default_pose(gen, num_envs, self.config.joint_noise)
         c = self._cube_q
-        qpos[:, c : c + 2] = self._box(gen, self.config.cube_low, self.config.cube_high, num_envs)
+        qpos[:, c : c + 2] = self._uniform_box(gen, self.config.cube_low, self.config.cube_high, num_envs)
         qpos[:, c + 2] = CUBE_HALF_SIZE
         return qpos, torch.zeros(num_envs, self.model.nv, device=self.device)
 

@@ -57,22 +57,16 @@ class ArmReach(Task):
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmReachConfig, device: torch.device):
         super().__init__(spec, model, config, device)
         self._ee = sensor_slice(model, END_EFFECTOR)
-        self._home = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
-        limits = torch.tensor(spec.array("position_limits"), dtype=torch.float32, device=device)
-        self._low, self._high = limits[:, 0], limits[:, 1]
 
     @classmethod
     def scene(cls, mjspec: mujoco.MjSpec) -> None:
         add_end_effector_sensor(mjspec)
 
     def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
-        low = torch.tensor(self.config.target_low, device=self.device)
-        high = torch.tensor(self.config.target_high, device=self.device)
-        return low + (high - low) * torch.rand(num_envs, 3, generator=gen, device=self.device)
+        return self._uniform_box(gen, self.config.target_low, self.config.target_high, num_envs)
 
     def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        noise = self._normal(gen, self.config.joint_noise, (num_envs, self.action_dim))
-        qpos = (self._home + noise).clamp(self._low, self._high)
+        qpos = self.noisy_default_pose(gen, num_envs, self.config.joint_noise)
         return qpos, torch.zeros_like(qpos)
 
     def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:

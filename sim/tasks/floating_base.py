@@ -70,7 +70,6 @@ class FloatingBaseTask(Task):
             raise ValueError(f"{spec.source}: {type(self).__name__} needs a robot with a free-floating base")
         self._free_joint = free[0]
         self._base_q, self._base_v = int(model.jnt_qposadr[free[0]]), int(model.jnt_dofadr[free[0]])
-        self.default_pose = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
         qpos0 = model.qpos0.copy()
         qpos0[self.qpos_index.cpu().numpy()] = spec.array("default_position")
         self.height = standing_height(model, qpos0, self._base_q)
@@ -83,18 +82,12 @@ class FloatingBaseTask(Task):
         qpos[:, b + 2] = self.height
         yaw = self._uniform(gen, -math.pi, math.pi, (num_envs,))
         qpos[:, b + 3], qpos[:, b + 6] = torch.cos(yaw / 2), torch.sin(yaw / 2)
-        noise = self._normal(gen, self.config.joint_noise, (num_envs, self.action_dim))
-        qpos[:, self.qpos_index] = (self.default_pose + noise).clamp(*self._joint_limits)
+        qpos[:, self.qpos_index] = self.noisy_default_pose(gen, num_envs, self.config.joint_noise)
         return qpos, torch.zeros(num_envs, self.model.nv, device=self.device)
 
     @property
     def push_body(self) -> int:
         return int(self.model.jnt_bodyid[self._free_joint])
-
-    @property
-    def _joint_limits(self) -> tuple[torch.Tensor, torch.Tensor]:
-        limits = torch.tensor(self.spec.array("position_limits"), dtype=torch.float32, device=self.device)
-        return limits[:, 0], limits[:, 1]
 
     def base_height(self, physics: PhysicsState) -> torch.Tensor:
         return physics.qpos[:, self._base_q + 2]
