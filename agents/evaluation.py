@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
-from q2real.agents.train import TrainConfig, build_agent, evaluate
+from q2real.agents.train import TrainConfig, build_agent, check_agent_checkpoint, evaluate
 from q2real.configs.loader import load
 from q2real.sim import make
 
@@ -37,7 +37,9 @@ def evaluate_run(
                 return torch.from_numpy(runner.normalized(commands)).to(env.device)
         else:
             agent = build_agent(config, env)
-            agent.load_state_dict(load_checkpoint(run_dir / CHECKPOINT, env.device)["agent"])
+            state = load_checkpoint(run_dir / CHECKPOINT, env.device)
+            check_agent_checkpoint(run_dir / CHECKPOINT, state, config, agent)
+            agent.load_state_dict(state["agent"])
             agent.eval()
 
             def policy(obs: torch.Tensor) -> torch.Tensor:

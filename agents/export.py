@@ -23,7 +23,7 @@ from torch import nn
 from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
 from q2real.agents.common.run_dir import git_state
-from q2real.agents.train import TrainConfig, build_agent
+from q2real.agents.train import TrainConfig, build_agent, check_agent_checkpoint
 from q2real.configs.loader import load, to_dict
 from q2real.deploy_ros.bundle import METADATA_KEY, SCHEMA_VERSION, read_metadata
 from q2real.sim import VecEnv, make
@@ -112,6 +112,7 @@ def load_run_policy(run_dir: Path) -> tuple[TrainConfig, VecEnv, ActorCritic, in
     env = make(dataclasses.replace(config.env, num_envs=1, device="cpu"))
     agent = build_agent(config, env)
     state = load_checkpoint(run_dir / CHECKPOINT, "cpu")
+    check_agent_checkpoint(run_dir / CHECKPOINT, state, config, agent)
     agent.load_state_dict(state["agent"])
     agent.eval()
     return config, env, agent, int(state["step"])

@@ -22,6 +22,7 @@ training process; Ctrl-C there stops the learners, writes a final checkpoint and
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import signal
@@ -58,10 +59,12 @@ class PQLConfig:
     """torch intra-op threads per learner process."""
 
     def validate(self) -> None:
-        if self.critic_updates_per_step <= 0 or self.critic_updates_per_policy_update <= 0:
-            raise ValueError("pql: the update ratios must be > 0")
-        if self.slack < 1 or self.learner_threads < 1:
-            raise ValueError("pql.slack and pql.learner_threads must be >= 1")
+        for key in ("critic_updates_per_step", "critic_updates_per_policy_update"):
+            if not 0 < getattr(self, key) < math.inf:
+                raise ValueError(f"pql.{key}: expected > 0 and finite, got {getattr(self, key)}")
+        for key in ("slack", "learner_threads"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"pql.{key}: expected >= 1, got {getattr(self, key)}")
 
 
 class LearnerError(RuntimeError):

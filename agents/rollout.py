@@ -34,6 +34,7 @@ def rollout(config: RolloutConfig) -> Path:
     """Run the rollout; returns the run directory."""
     if config.total_steps < 1:
         raise ValueError(f"total_steps: expected >= 1, got {config.total_steps}")
+    config.log.validate()
     env = make(config.env)
     run = RunDir(config, config.log, config.env.task)
     logger = MetricLogger(run, config.log)

@@ -37,6 +37,19 @@ class SACConfig(ActorCriticConfig):
     actor_uses_mean_q: bool = False
     """Actor maximises the mean of the critics instead of their minimum (FastSAC)."""
 
+    def checks(self) -> list[tuple[bool, str, str]]:
+        std = self.target_action_std
+        return [
+            *super().checks(),
+            (0 < self.init_alpha < math.inf, "init_alpha", "> 0 and finite"),
+            (0 < self.alpha_lr < math.inf, "alpha_lr", "> 0 and finite"),
+            (self.target_entropy is None or math.isfinite(self.target_entropy), "target_entropy", "finite or null"),
+            (std is None or 0 < std < math.inf, "target_action_std", "> 0 and finite, or null"),
+            (-math.inf < self.log_std_min < self.log_std_max < math.inf, "log_std_min", "finite and < log_std_max"),
+            (0 < self.noise_repeat_mu < math.inf, "noise_repeat_mu", "> 0 and finite"),
+            (self.noise_repeat_max >= 1, "noise_repeat_max", ">= 1"),
+        ]
+
 
 class SAC(ActorCritic):
     config: SACConfig

@@ -8,6 +8,7 @@ categorical critic, large batches, and bootstrapping from the online actor.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,16 @@ class TD3Config(ActorCriticConfig):
     target_noise_clip: float = 0.5
     target_actor: bool = True
     """Bootstrap from a Polyak-averaged actor; FastTD3 uses the online actor (False)."""
+
+    def checks(self) -> list[tuple[bool, str, str]]:
+        low = self.exploration_noise_min
+        return [
+            *super().checks(),
+            (0 <= self.exploration_noise < math.inf, "exploration_noise", ">= 0 and finite"),
+            (low is None or 0 <= low <= self.exploration_noise, "exploration_noise_min", "in [0, exploration_noise]"),
+            (0 <= self.target_noise < math.inf, "target_noise", ">= 0 and finite"),
+            (0 <= self.target_noise_clip < math.inf, "target_noise_clip", ">= 0 and finite"),
+        ]
 
 
 @dataclass

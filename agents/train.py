@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 
 from q2real.agents.common.actor_critic import ActorCritic
-from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from q2real.agents.common.checkpoint import CHECKPOINT, check_config, check_shapes, load_checkpoint, save_checkpoint
 from q2real.agents.common.episodes import EpisodeTracker
 from q2real.agents.common.guard import check_finite, parameters_of
 from q2real.agents.common.metrics import MetricLogger
@@ -34,6 +34,18 @@ from q2real.configs.loader import to_dict
 from q2real.sim import EnvConfig, VecEnv, make
 
 ALGORITHMS: dict[str, type[ActorCritic]] = {"sac": SAC, "td3": TD3, "ddpg": TD3, "flashsac": SAC}
+# Agent settings that decide which tensors a learner holds and their shapes; a checkpoint only fits a
+# run that agrees on them (keys a section lacks, such as SAC's target_actor, are skipped).
+AGENT_SHAPE_KEYS = (
+    "network",
+    "actor_hidden",
+    "critic_hidden",
+    "num_critics",
+    "critic_head",
+    "num_atoms",
+    "noise_repeat",
+    "target_actor",
+)
 
 
 @dataclass
@@ -79,8 +91,16 @@ class TrainConfig:
         for key in ("warmup_steps", "eval_every", "checkpoint_every", "threads"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}: expected >= 0, got {getattr(self, key)}")
-        if not self.updates_per_step > 0:
-            raise ValueError(f"updates_per_step: expected > 0, got {self.updates_per_step}")
+        if not 0 < self.updates_per_step < math.inf:
+            raise ValueError(f"updates_per_step: expected > 0 and finite, got {self.updates_per_step}")
+        if self.replay_capacity < max(1, self.env.num_envs):
+            raise ValueError(
+                f"replay_capacity: expected >= env.num_envs ({self.env.num_envs}) so one vectorized step fits, "
+                f"got {self.replay_capacity}"
+            )
+        if self.stop_return is not None and math.isnan(self.stop_return):
+            raise ValueError("stop_return: expected a number or null, got nan")
+        self.log.validate()
         self.agent.validate(self.algo)
         self.pql.validate()
         self.sampler.validate()
@@ -111,6 +131,19 @@ def build_agent(config: TrainConfig, env: VecEnv) -> ActorCritic:
     if config.sampler.kind == "dspear" and config.sampler.critic_stream:
         agent_config = dataclasses.replace(agent_config, huber=True)  # D-SPEAR's critic stream: Huber TD loss
     return ALGORITHMS[config.algo](agent_config, env.obs_dim, env.action_dim, config.env.num_envs, env.device)
+
+
+def check_agent_checkpoint(
+    path: Path, state: dict, config: TrainConfig, agent: ActorCritic, extra_keys: Sequence[str] = ()
+) -> None:
+    """Refuse a checkpoint of another algorithm, task, network or observation/action size (or of other
+    `extra_keys`), naming the first setting or tensor that differs, before `load_state_dict` fails
+    with a bare traceback."""
+    keys = ["algo", "env.task", *extra_keys, *(f"{config.algo}.{key}" for key in AGENT_SHAPE_KEYS)]
+    check_config(path, state.get("config", {}), to_dict(config), keys)
+    spaces = {"obs_dim": agent.obs_dim, "action_dim": agent.action_dim}
+    check_config(path, state.get("spaces", {}), spaces, spaces)
+    check_shapes(path, "agent", state["agent"], agent.state_dict())
 
 
 @torch.no_grad()
@@ -157,7 +190,12 @@ class Trainer:
         self.obs = self.env.reset(seed=config.env.seed)
         elapsed = 0.0
         if resume is not None:
-            elapsed = self._load(resume / CHECKPOINT)
+            try:
+                elapsed = self._load(resume / CHECKPOINT)
+            except BaseException:
+                self.env.close()
+                self.eval_env.close()
+                raise
         self.run_dir = RunDir(config, config.log, config.env.task, resume=resume)
         self.path = self.run_dir.path
         self.logger = MetricLogger(self.run_dir, config.log, elapsed=elapsed)
@@ -263,6 +301,7 @@ class Trainer:
         return {
             "format": 1,
             "config": to_dict(self.config),
+            "spaces": {"obs_dim": self.env.obs_dim, "action_dim": self.env.action_dim},
             "step": self.step,
             "iteration": self.iteration,
             "updates": agent.updates,
@@ -296,6 +335,7 @@ class Trainer:
 
     def _load(self, path: Path) -> float:
         state = load_checkpoint(path, self.env.device)
+        self._check_fits(path, state)
         agent = self.agent
         agent.load_state_dict(state["agent"])
         agent.load_extra_state(state["agent_extra"])
@@ -315,6 +355,18 @@ class Trainer:
             torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
         self.last_checkpoint = path
         return float(state["elapsed"])
+
+    def _check_fits(self, path: Path, state: dict) -> None:
+        """Refuse a checkpoint this run cannot continue, naming the first setting or tensor that differs."""
+        if state.get("format") != 1:
+            raise ValueError(f"{path}: checkpoint format {state.get('format')!r}; this q2real reads format 1")
+        check_agent_checkpoint(path, state, self.config, self.agent, ("env.num_envs", "replay_capacity"))
+        check_shapes(path, "agent_extra", state["agent_extra"], self.agent.extra_state())
+        check_shapes(path, "replay", state["replay"]["data"], self.replay.data)
+        check_shapes(path, "episodes", state["episodes"], self.episodes.state_dict())
+        sampler = self.sampler.state_dict()
+        if state.get("sampler") and sampler:  # a prioritized sampler resuming a uniform run starts fresh
+            check_shapes(path, "sampler", state["sampler"], sampler)
 
 
 class Every:

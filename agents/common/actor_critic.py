@@ -10,6 +10,7 @@ and FlashSAC's weight projection live here once.
 from __future__ import annotations
 
 import copy
+import math
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Literal
@@ -61,21 +62,41 @@ class ActorCriticConfig:
     """Run online and target critics on (s, a) and (s', a') as one batch, so BatchNorm statistics are
     shared between predictions and targets (FlashSAC's cross-batch value prediction)."""
 
-    def validate(self, where: str) -> None:
-        checks = [
+    def checks(self) -> list[tuple[bool, str, str]]:
+        """(holds, key, what is expected) for every range rule; subclasses extend the list."""
+        return [
             (0 < self.gamma <= 1, "gamma", "in (0, 1]"),
             (0 < self.tau <= 1, "tau", "in (0, 1]"),
             (self.batch_size >= 2, "batch_size", ">= 2"),
             (self.n_step >= 1, "n_step", ">= 1"),
+            (_positive(self.actor_lr), "actor_lr", "> 0 and finite"),
+            (_positive(self.critic_lr), "critic_lr", "> 0 and finite"),
+            (0 <= self.weight_decay < math.inf, "weight_decay", ">= 0 and finite"),
+            (_widths(self.actor_hidden), "actor_hidden", "one or more widths, each >= 1"),
+            (_widths(self.critic_hidden), "critic_hidden", "one or more widths, each >= 1"),
+            # The flash trunk has one width for every block; the others would be silently ignored.
+            (self.network != "flash" or len(set(self.actor_hidden)) == 1, "actor_hidden", "equal widths (flash)"),
+            (self.network != "flash" or len(set(self.critic_hidden)) == 1, "critic_hidden", "equal widths (flash)"),
             (self.num_critics >= 1, "num_critics", ">= 1"),
             (self.policy_delay >= 1, "policy_delay", ">= 1"),
-            (self.v_min < self.v_max, "v_min", "< v_max"),
-            (len(self.actor_hidden) > 0 and len(self.critic_hidden) > 0, "actor_hidden/critic_hidden", "non-empty"),
+            (self.critic_head != "categorical" or self.num_atoms >= 2, "num_atoms", ">= 2 (categorical head)"),
+            (-math.inf < self.v_min < self.v_max < math.inf, "v_min", "finite and < v_max"),
+            (0 <= self.max_grad_norm < math.inf, "max_grad_norm", ">= 0 and finite"),
             (not self.project_weights or self.network == "flash", "project_weights", "used with network=flash"),
         ]
-        for ok, key, expected in checks:
+
+    def validate(self, where: str) -> None:
+        for ok, key, expected in self.checks():
             if not ok:
                 raise ValueError(f"{where}.{key}: expected {expected}, got {getattr(self, key, None)!r}")
+
+
+def _positive(value: float) -> bool:
+    return 0 < value < math.inf
+
+
+def _widths(hidden: tuple[int, ...]) -> bool:
+    return len(hidden) > 0 and all(width >= 1 for width in hidden)
 
 
 def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -33,7 +33,9 @@ class Batch:
 
 class ReplayStorage:
     def __init__(self, capacity: int, num_envs: int, obs_dim: int, action_dim: int, device: torch.device):
-        self.rows = max(1, capacity // num_envs)
+        if capacity < num_envs:
+            raise ValueError(f"replay capacity {capacity} is below num_envs {num_envs}: one vectorized step must fit")
+        self.rows = capacity // num_envs
         self.num_envs = num_envs
         self.device = device
         shape = (self.rows, num_envs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +23,8 @@ from typing import Any, Literal
 import yaml
 
 from q2real.configs.loader import to_dict
+
+_RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 @dataclass
@@ -36,6 +39,16 @@ class LogConfig:
     wandb_project: str = "q2real"
     interval_steps: int = 10_000
     """Env steps (summed over envs) between two metric records."""
+
+    def validate(self) -> None:
+        """A run name is one folder inside `root`: no separators or `..` that would write elsewhere."""
+        if self.name and (not _RUN_NAME.fullmatch(self.name) or self.name in (".", "..")):
+            raise ValueError(
+                f"log.name: expected a single folder name of letters, digits, '-', '_' and '.' (not '.' or '..'), "
+                f"got {self.name!r}"
+            )
+        if self.interval_steps < 1:
+            raise ValueError(f"log.interval_steps: expected >= 1, got {self.interval_steps}")
 
 
 def git_state(path: Path) -> dict[str, Any]:
@@ -66,6 +79,7 @@ class RunDir:
     def __init__(self, config: Any, log: LogConfig, task: str, resume: Path | None = None):
         """A new run directory, or with `resume` the existing one, whose meta.json then records the resume."""
         if resume is None:
+            log.validate()
             name = log.name or f"{task.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
             self.path = Path(log.root) / name
             if (self.path / "config.yaml").exists():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from q2real.agents.common.checkpoint import CHECKPOINT
+from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
 from q2real.agents.common.guard import NonFiniteError
 from q2real.agents.pql import POLICY, LearnerError
 from q2real.agents.train import Callback, TrainConfig, Trainer, resume, train
@@ -96,7 +96,7 @@ def test_ctrl_c_writes_a_final_checkpoint_and_resume_continues(tmp_path: Path) -
     with pytest.raises(KeyboardInterrupt):
         trainer.run()
     assert _no_learner_processes()
-    state = torch.load(tmp_path / "run" / CHECKPOINT, weights_only=True)
+    state = load_checkpoint(tmp_path / "run" / CHECKPOINT)
     assert state["updates"] > 100 and state["step"] == trainer.step
     assert state["optimizers"]["critic"]["state"], "the V-learner's optimizer state was not handed over"
     resumed = resume(tmp_path / "run", config)
