@@ -27,8 +27,7 @@ import torch
 
 from q2real.agents.train import TrainConfig
 from q2real.configs.loader import load
-from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.deploy_ros.node import spec_from_metadata
+from q2real.deploy_ros.bundle import PolicyBundle, robot_from_metadata
 from q2real.safety.shield import Shield, ShieldConfig
 from q2real.sim import RandomizationConfig, make
 from q2real.sim.config import resolve_backend
@@ -127,7 +126,7 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int) -> torch.Ten
     to the env's [-1, 1] action. Position robots take the shield's targets at the spec gains (the rare
     gain reduction of its effort rule is not simulated). The shields tick in a Python loop over envs on
     purpose: they are the robot's own per-robot code, and the gate is an evaluation, not a training loop."""
-    spec = spec_from_metadata(bundle.info.metadata, str(bundle.path))
+    spec = robot_from_metadata(bundle.info.metadata, str(bundle.path))
     config = ShieldConfig(ramp_time=0.0, ramp_max_distance=math.inf)
     shields = [Shield(spec, config) for _ in range(env.num_envs)]
     names, dt = spec.joint_names, spec.control_period

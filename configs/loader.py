@@ -147,8 +147,10 @@ def list_presets() -> list[str]:
 
 
 def load(cls: type[T], preset: str | None = None, overrides: list[str] | None = None) -> T:
-    """Resolve a config: `cls()` defaults, then the preset YAML, then command-line overrides."""
+    """Resolve a config: `cls()` defaults, then the preset YAML, then command-line overrides; then its
+    `validate()` range checks, so a value no run can use is refused before anything starts."""
     config = cls()
+    sources = ["defaults"]
     if preset is not None:
         path = preset_path(preset)
         try:
@@ -156,8 +158,21 @@ def load(cls: type[T], preset: str | None = None, overrides: list[str] | None = 
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from err
         config = merge(config, data, str(path))
+        sources.append(str(path))
     if overrides:
         config = merge(config, parse_overrides(overrides), "command line")
+        sources.append("command line")
+    return validated(config, " + ".join(sources))
+
+
+def validated(config: T, source: str) -> T:
+    """`config` after its `validate()` (if it has one), with a failure reported as a ConfigError."""
+    validate = getattr(config, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as err:
+            raise ConfigError(f"{source}: {err}") from None
     return config
 
 

@@ -4,13 +4,15 @@ The graph maps raw observations (`obs`, shape (batch, obs_dim)) to joint command
 units (`actions`, shape (batch, action_dim)); observation normalization and action scaling are inside
 it. One JSON document under the `q2real` metadata key (and in an identical `<file>.json` sidecar)
 describes the robot, the observation layout, the action mapping, the control period and where the
-policy came from. This module needs numpy and onnxruntime only: it is what runs on the robot.
+policy came from. This module is what runs on the robot: it needs numpy, onnxruntime and the robot
+facts' validator in `q2real.hardware`, which every robot section passes exactly as a spec file does.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,12 +20,35 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from q2real.hardware.spec import RobotSpec, SpecError, build_spec
+
 SCHEMA_VERSION = 1
 METADATA_KEY = "q2real"
+FLOAT_TENSORS = ("tensor(float)", "tensor(double)")
+_ROBOT_ARRAYS = {
+    "name": "joint_names",
+    "position_limits": "position_limits",
+    "velocity_limit": "velocity_limits",
+    "effort_limit": "effort_limits",
+    "default_position": "default_pose",
+    "kp": "kp",
+    "kd": "kd",
+}
+"""JointSpec field -> the per-joint list in a bundle's robot section that holds it."""
 
 
 class BundleError(ValueError):
     """A bundle is unreadable, malformed, from another schema version, or disagrees with itself."""
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlist = _BRIEF.maxdict = _BRIEF.maxtuple = 8
+_BRIEF.maxstring = _BRIEF.maxother = 80
+
+
+def brief(value: Any) -> str:
+    """A bounded repr for error messages: a hostile field must not become a megabyte of log."""
+    return _BRIEF.repr(value)
 
 
 def _get(data: dict, path: str, kind, source: str) -> Any:
@@ -39,7 +64,7 @@ def _get(data: dict, path: str, kind, source: str) -> Any:
     else:
         ok = isinstance(node, kind)
     if not ok:
-        raise BundleError(f"{source}: metadata.{path}: expected {getattr(kind, '__name__', kind)}, got {node!r}")
+        raise BundleError(f"{source}: metadata.{path}: expected {getattr(kind, '__name__', kind)}, got {brief(node)}")
     return node
 
 
@@ -48,7 +73,7 @@ def _numbers(data: dict, path: str, length: int, source: str) -> list[float]:
     if len(values) != length or not all(
         isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values
     ):
-        raise BundleError(f"{source}: metadata.{path}: expected {length} finite numbers, got {values!r}")
+        raise BundleError(f"{source}: metadata.{path}: expected {length} finite numbers, got {brief(values)}")
     return [float(v) for v in values]
 
 
@@ -66,34 +91,96 @@ def validate_metadata(meta: Any, source: str) -> None:
     terms = _get(meta, "observation.terms", list, source)
     for i, term in enumerate(terms):
         _get(term if isinstance(term, dict) else {}, "name", str, f"{source}: observation.terms[{i}]")
-        _get(term if isinstance(term, dict) else {}, "dim", int, f"{source}: observation.terms[{i}]")
+        if _get(term, "dim", int, f"{source}: observation.terms[{i}]") < 1:
+            raise BundleError(f"{source}: metadata.observation.terms[{i}].dim: expected >= 1, got {term['dim']}")
     if sum(t["dim"] for t in terms) != obs_dim:
         raise BundleError(
             f"{source}: metadata.observation.terms: dims sum to {sum(t['dim'] for t in terms)}, not {obs_dim}"
         )
-    _numbers(meta, "action.scale", act_dim, source)
-    _numbers(meta, "action.offset", act_dim, source)
+    scale = _numbers(meta, "action.scale", act_dim, source)
+    if min(scale) < 0:
+        raise BundleError(f"{source}: metadata.action.scale: expected numbers >= 0, got {scale}")
+    offset = _numbers(meta, "action.offset", act_dim, source)
     if _get(meta, "control_period", float, source) <= 0:
         raise BundleError(f"{source}: metadata.control_period: expected > 0")
+    if meta.get("robot") is not None:
+        robot = robot_from_metadata(meta, source)
+        _check_action_range(robot, scale, offset, source)
+
+
+def robot_from_metadata(meta: dict, source: str, control_period: float | None = None) -> RobotSpec:
+    """The robot as the bundle describes it, validated by the same rules as a spec file.
+
+    The node reads nothing else about the robot. The bundle carries no MJCF, so `model_path` is the
+    bundle itself and shield features that need the model (workspace forward kinematics) are
+    unavailable on the node.
+    """
     robot = meta.get("robot")
-    if robot is not None:
-        names = _get(meta, "robot.joint_names", list, source)
-        if len(names) != act_dim or not all(isinstance(n, str) for n in names):
-            raise BundleError(f"{source}: metadata.robot.joint_names: expected {act_dim} names, got {names!r}")
-        for key in ("default_pose", "velocity_limits", "effort_limits", "kp", "kd"):
-            _numbers(meta, f"robot.{key}", act_dim, source)
-        limits = _get(meta, "robot.position_limits", list, source)
-        bound = lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v))  # noqa: E731
-        if len(limits) != act_dim or not all(
-            isinstance(p, list) and len(p) == 2 and all(map(bound, p)) for p in limits
-        ):
+    if not isinstance(robot, dict):
+        raise BundleError(f"{source}: metadata.robot: missing; the node needs the robot's joints and limits")
+    act_dim = _get(meta, "action.dim", int, source)
+    names = _get(meta, "robot.joint_names", list, source)
+    if len(names) != act_dim:
+        raise BundleError(f"{source}: metadata.robot.joint_names: expected {act_dim} names, got {brief(names)}")
+    columns = {"joint_names": names}
+    for key in ("default_pose", "velocity_limits", "effort_limits", "kp", "kd"):
+        columns[key] = _numbers(meta, f"robot.{key}", act_dim, source)
+    limits = _get(meta, "robot.position_limits", list, source)
+    bound = lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v))  # noqa: E731
+    if len(limits) != act_dim or not all(isinstance(p, list) and len(p) == 2 and all(map(bound, p)) for p in limits):
+        raise BundleError(
+            f"{source}: metadata.robot.position_limits: expected {act_dim} [lower, upper] pairs "
+            "(numbers, or null for an unbounded side)"
+        )
+    columns["position_limits"] = [
+        (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi)) for lo, hi in limits
+    ]
+    joints = [{field: columns[key][i] for field, key in _ROBOT_ARRAYS.items()} for i in range(act_dim)]
+    digest = _get(meta, "robot.sha256", str, source)
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise BundleError(f"{source}: metadata.robot.sha256: expected 64 lowercase hex digits, got {brief(digest)}")
+
+    def locate(key: str, i: int | None, joint: str) -> str:
+        if i is None:
+            path = {"control_period": "control_period", "joints": "robot.joint_names"}.get(key, f"robot.{key}")
+            return f"{source}: metadata.{path}"
+        return f"{source}: metadata.robot.{_ROBOT_ARRAYS.get(key, key)}[{i}]" + (
+            f" (joint {joint!r})" if key != "name" else ""
+        )
+
+    try:
+        return build_spec(
+            robot.get("name"),
+            robot.get("control_mode"),
+            meta["control_period"] if control_period is None else control_period,
+            joints,
+            locate,
+            Path(source),
+            Path(source),
+        )
+    except SpecError as err:
+        raise BundleError(str(err)) from err
+
+
+def _check_action_range(robot: RobotSpec, scale: list[float], offset: list[float], source: str) -> None:
+    """The action mapping's centre must be a command the robot may receive."""
+    for i, joint in enumerate(robot.joints):
+        lo, hi = (-joint.effort_limit, joint.effort_limit) if robot.control_mode == "torque" else joint.position_limits
+        if not lo <= offset[i] <= hi:
             raise BundleError(
-                f"{source}: metadata.robot.position_limits: expected {act_dim} [lower, upper] pairs "
-                "(numbers, or null for an unbounded side)"
+                f"{source}: metadata.action.offset[{i}] (joint {joint.name!r}): {offset[i]} lies outside "
+                f"[{lo}, {hi}] ({'effort' if robot.control_mode == 'torque' else 'position'} limits)"
             )
-        _get(meta, "robot.name", str, source)
-        _get(meta, "robot.sha256", str, source)
-        _get(meta, "robot.control_mode", str, source)
+
+
+def parse_metadata(raw: str, source: str) -> dict[str, Any]:
+    """The metadata document, validated; a refusal names the bundle and the field."""
+    try:
+        meta = json.loads(raw)  # NaN and Infinity parse; the field checks then name where they are
+    except (ValueError, RecursionError) as err:
+        raise BundleError(f"{source}: metadata: not valid JSON ({err})") from err
+    validate_metadata(meta, source)
+    return meta
 
 
 @dataclass(frozen=True)
@@ -126,11 +213,7 @@ class PolicyBundle:
         raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
         if raw is None:
             raise BundleError(f"{source}: metadata: no '{METADATA_KEY}' entry in the ONNX metadata_props")
-        try:
-            meta = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise BundleError(f"{source}: metadata: not valid JSON ({err})") from err
-        validate_metadata(meta, source)
+        meta = parse_metadata(raw, source)
         self._check_io(meta, source)
         robot = meta.get("robot")
         self.info = BundleInfo(
@@ -145,6 +228,7 @@ class PolicyBundle:
         zeros = np.zeros((1, self.info.obs_dim), dtype=np.float32)
         for _ in range(warmup):
             self(zeros)
+        self._scale[self._scale == 0] = np.inf  # a joint the action does not move reads 0 in [-1, 1]
 
     def _check_io(self, meta: dict, source: str) -> None:
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
@@ -159,13 +243,22 @@ class PolicyBundle:
             raise BundleError(
                 f"{source}: graph obs shape {shape} disagrees with metadata (expected [batch, {obs_dim}])"
             )
-        # Exporters may leave the output width symbolic; a probe run settles it.
-        probe = self.session.run(None, {"obs": np.zeros((2, obs_dim), dtype=np.float32)})[0]
-        if probe.shape != (2, act_dim):
+        if inputs[0].type != "tensor(float)" or outputs[0].type not in FLOAT_TENSORS:
             raise BundleError(
-                f"{source}: graph actions shape {list(probe.shape)} for a batch of 2 disagrees with metadata "
-                f"(expected [2, {act_dim}])"
+                f"{source}: graph I/O types: expected obs tensor(float) and actions tensor(float or double), "
+                f"got {inputs[0].type} -> {outputs[0].type}"
             )
+        # Exporters may leave the output width symbolic; probe runs settle it.
+        for batch in (1, 2):
+            try:
+                probe = self.session.run(None, {"obs": np.zeros((batch, obs_dim), dtype=np.float32)})[0]
+            except Exception as err:
+                raise BundleError(f"{source}: graph fails on a batch of {batch} zero observations: {err}") from err
+            if not isinstance(probe, np.ndarray) or probe.shape != (batch, act_dim):
+                raise BundleError(
+                    f"{source}: graph actions shape {list(np.shape(probe))} for a batch of {batch} disagrees "
+                    f"with metadata (expected [{batch}, {act_dim}])"
+                )
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Joint commands for a (batch, obs_dim) float32 array of raw observations."""
@@ -191,6 +284,4 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     entries = {p.key: p.value for p in model.metadata_props}
     if METADATA_KEY not in entries:
         raise BundleError(f"{source}: metadata: no '{METADATA_KEY}' entry in the ONNX metadata_props")
-    meta = json.loads(entries[METADATA_KEY])
-    validate_metadata(meta, source)
-    return meta
+    return parse_metadata(entries[METADATA_KEY], source)

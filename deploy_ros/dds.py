@@ -24,7 +24,7 @@ from cyclonedds.util import duration
 
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
-from q2real.deploy_ros.node import NODE_NAME, PolicyNode, Tick
+from q2real.deploy_ros.node import NODE_NAME, PolicyNode, Tick, resolve_topic
 
 DEFAULT_QOS = Qos(
     Policy.Reliability.Reliable(duration(milliseconds=100)),
@@ -51,13 +51,7 @@ def use_loopback() -> None:
 def dds_topic(name: str, node: str = NODE_NAME) -> str:
     """ROS 2 topic name -> DDS topic name: '/joint_states' -> 'rt/joint_states', '~/estop' ->
     'rt/q2real_policy/estop'."""
-    if name.startswith("~/"):
-        name = f"/{node}/{name[2:]}"
-    if not name.startswith("/"):
-        name = "/" + name
-    if "//" in name or name.endswith("/") or len(name) < 2:
-        raise ValueError(f"topic '{name}': not a valid ROS 2 topic name")
-    return "rt" + name
+    return "rt" + resolve_topic(name, node)
 
 
 def domain_id() -> int:

@@ -10,6 +10,11 @@ metadata says -> policy (timed against the deadline) -> shield -> command in the
 from the robot the bundle was trained for (wrong lengths, unknown or missing joints, non-finite
 positions or velocities) are refused and counted; they never reach the shield or the command topic.
 
+Operator requests (e-stop, reset, start) are queued in arrival order and applied at the next tick,
+where an e-stop received since the last tick wins over every reset, start or mode request of that
+tick: a reset clears only an e-stop of an earlier tick, and `autostart` never restarts the policy
+after an e-stop (a latched stop needs a reset and then an explicit start).
+
 Ticks are triggered by fresh joint states (`trigger: state`, the default: the observation is as young
 as the transport allows), one per control period, with the period's timer as the fallback when the
 robot goes quiet; `trigger: timer` ticks on the timer alone.
@@ -17,7 +22,9 @@ robot goes quiet; `trigger: timer` ticks on the timer alone.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -27,14 +34,26 @@ from typing import Any, Literal
 
 import numpy as np
 
-from q2real.configs.loader import merge
-from q2real.deploy_ros.bundle import BundleError, PolicyBundle
+from q2real.configs import checks
+from q2real.configs.loader import merge, validated
+from q2real.deploy_ros.bundle import BundleError, PolicyBundle, brief, robot_from_metadata
 from q2real.deploy_ros.observation import ObservationBuilder
-from q2real.hardware.spec import JointSpec, RobotSpec
+from q2real.hardware.spec import RobotSpec, SpecError, differences, load_spec, robot_spec
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import Command, Shield, ShieldConfig
 
 NODE_NAME = "q2real_policy"
+REFUSAL_CHARS = 300
+"""Longest refusal reason kept for diagnostics: a hostile message must not be republished whole."""
+
+
+def resolve_topic(name: str, node: str = NODE_NAME) -> str:
+    """ROS 2 topic name -> its absolute form: '~/estop' -> '/q2real_policy/estop', 'joint_states' ->
+    '/joint_states'."""
+    checks.ros_name("topic", name)
+    if name.startswith("~/"):
+        return f"/{node}/{name[2:]}"
+    return name if name.startswith("/") else "/" + name
 
 
 @dataclass
@@ -48,6 +67,19 @@ class TopicConfig:
     reset: str = "~/reset"
     task_command: str = "~/command"
     diagnostics: str = "/diagnostics"
+
+    def validate(self, command: str) -> None:
+        """Every name valid, and no two roles on one topic (an e-stop topic that is also the joint
+        states or the command topic would be fed by the wrong writer)."""
+        roles = {key: getattr(self, key) for key in ("joint_states", "estop", "reset", "task_command", "diagnostics")}
+        roles["command"] = command
+        resolved: dict[str, str] = {}
+        for key, name in roles.items():
+            checks.ros_name(f"topics.{key}", name)
+            topic = resolve_topic(name)
+            if topic in resolved:
+                raise ValueError(f"topics.{key}: '{topic}' is already the {resolved[topic]} topic")
+            resolved[topic] = key
 
 
 @dataclass
@@ -74,6 +106,31 @@ class NodeConfig:
     shield: ShieldConfig = field(default_factory=ShieldConfig)
     record: str | None = None
     """Write every tick (observation, raw action, shielded command, flags) to this MCAP bag."""
+    robot: str | None = None
+    """This machine's spec of the robot, a shipped robot name or a robot.yaml path; None: the shipped
+    spec the bundle names. The bundle's robot must match it field by field and by hash."""
+    allow_robot_mismatch: bool = False
+    """Run although the bundle's robot differs from this machine's spec; every difference is logged."""
+
+    def validate(self) -> None:
+        if self.control_period is not None:
+            checks.number("control_period", self.control_period, above=0.0, at_most=1.0)
+        checks.number("startup_timeout", self.startup_timeout, above=0.0)
+        checks.number("diagnostics_period", self.diagnostics_period, above=0.0)
+        checks.names("extra_joints", self.extra_joints)
+        if self.controller is not None:
+            checks.ros_name("controller", self.controller)
+            if "/" in self.controller:
+                raise ValueError(f"controller: expected a controller name without '/', got {self.controller!r:.80}")
+        if self.record is not None and not self.record.strip():
+            raise ValueError("record: expected a bag path, got an empty string")
+        if self.robot is not None and not self.robot.strip():
+            raise ValueError("robot: expected a robot name or a robot.yaml path, got an empty string")
+        self.topics.validate(self.command_topic())
+        try:
+            self.shield.validate()
+        except ValueError as err:
+            raise ValueError(f"shield.{err}") from None
 
     def command_topic(self) -> str:
         if self.topics.command:
@@ -98,36 +155,15 @@ def config_from_parameters(parameters: dict) -> tuple[str, NodeConfig]:
         for parent in parents:
             node = node.setdefault(parent, {})
         node[leaf] = value
-    return bundle, merge(NodeConfig(), nested, "ROS parameters")
+    return bundle, validated(merge(NodeConfig(), nested, "ROS parameters"), "ROS parameters")
 
 
-def spec_from_metadata(meta: dict, source: str, control_period: float | None = None) -> RobotSpec:
-    """The robot as the bundle describes it; the node reads nothing else about the robot."""
-    robot = meta.get("robot")
-    if robot is None:
-        raise BundleError(f"{source}: metadata.robot: missing; the node needs the robot's joints and limits")
-    joints = tuple(
-        JointSpec(
-            name=name,
-            position_limits=(-math.inf if pair[0] is None else pair[0], math.inf if pair[1] is None else pair[1]),
-            velocity_limit=robot["velocity_limits"][i],
-            effort_limit=robot["effort_limits"][i],
-            default_position=robot["default_pose"][i],
-            kp=robot["kp"][i],
-            kd=robot["kd"][i],
-        )
-        for i, (name, pair) in enumerate(zip(robot["joint_names"], robot["position_limits"], strict=True))
-    )
-    # The bundle carries no MJCF, so `model_path` is the bundle itself and shield features that need
-    # the model (workspace forward kinematics) are unavailable on the node.
-    return RobotSpec(
-        name=robot["name"],
-        model_path=Path(source),
-        control_mode=robot["control_mode"],
-        control_period=control_period or float(meta["control_period"]),
-        joints=joints,
-        source=Path(source),
-    )
+def local_robot(config: NodeConfig, bundle_robot: RobotSpec) -> RobotSpec:
+    """This machine's description of the robot the bundle will drive."""
+    wanted = config.robot or bundle_robot.name
+    if wanted.endswith((".yaml", ".yml")) or "/" in wanted:
+        return load_spec(wanted)
+    return robot_spec(wanted)
 
 
 @dataclass(frozen=True)
@@ -159,10 +195,14 @@ class PolicyNode:
 
     def __init__(self, bundle: str | Path, config: NodeConfig | None = None):
         self.config = config = config or NodeConfig()
+        config.validate()
         self.bundle = PolicyBundle(bundle)
         source = str(bundle)
         meta = self.bundle.info.metadata
-        self.spec = spec_from_metadata(meta, source, config.control_period)
+        trained = robot_from_metadata(meta, source)
+        self.robot_mismatch = self._compare_robot(trained, source, meta["robot"]["sha256"])
+        period = config.control_period or trained.control_period
+        self.spec = dataclasses.replace(trained, control_period=period)
         self.period = self.spec.control_period
         self.observation = ObservationBuilder(meta, source)
         self.names = self.spec.joint_names
@@ -188,7 +228,13 @@ class PolicyNode:
         self._arrived = threading.Event()
         self._state_period = math.inf
         """Smoothed seconds between joint states."""
-        self._estop = self._reset = self._start = self._handover = False
+        self._lock = threading.Lock()
+        self._requests: list[str] = []
+        """Operator requests ('estop', 'reset', 'start') since the last tick, in arrival order."""
+        self._estop_waiting = False
+        self._handover = False
+        self._autostart = config.autostart
+        """Armed until the first e-stop: after one, only an explicit start runs the policy again."""
         self._task_command = np.zeros(self.observation.command_dim)
         self._last_action = np.zeros(self.bundle.info.action_dim, dtype=np.float32)
         self.refused: Counter[str] = Counter()
@@ -198,6 +244,29 @@ class PolicyNode:
         self.ticks = 0
         self.last_flags = 0
 
+    def _compare_robot(self, trained: RobotSpec, source: str, trained_hash: str) -> list[str]:
+        """Refuse a bundle whose robot differs from this machine's spec, unless explicitly allowed."""
+        config = self.config
+        try:
+            local = local_robot(config, trained)
+        except SpecError as err:
+            raise BundleError(
+                f"{source}: metadata.robot: no spec of robot '{trained.name}' on this machine to check it "
+                f"against ({err}); set robot=<name or robot.yaml>"
+            ) from err
+        found = differences(trained, local)
+        if local.sha256 != trained_hash:
+            found.append(f"sha256 (spec + model files): bundle {trained_hash[:12]} vs local {local.sha256[:12]}")
+        if found and not config.allow_robot_mismatch:
+            raise BundleError(
+                f"{source}: metadata.robot does not match this machine's spec {local.source} (bundle vs local): "
+                + "; ".join(found)
+                + ". Retrain or re-export for this robot, or set allow_robot_mismatch=true to run anyway"
+            )
+        for line in found:
+            print(f"warning: {source}: robot mismatch allowed by allow_robot_mismatch: {line}", file=sys.stderr)
+        return found
+
     # --- inputs (any thread) ---------------------------------------------------------------------
     def check_robot(self, names: list[str]) -> None:
         """Refuse to run against a robot whose joint states do not match the bundle."""
@@ -206,21 +275,23 @@ class PolicyNode:
         if missing or unknown:
             raise BundleError(
                 f"{self.bundle.path}: the robot's joint states do not match the bundle's robot "
-                f"'{self.spec.name}': missing {missing}, unknown {unknown} (robot publishes {list(names)}; "
+                f"'{self.spec.name}': missing {brief(missing)}, unknown {brief(unknown)} (robot publishes "
+                f"{brief(list(names))}; "
                 "list joints the policy does not use in extra_joints)"
             )
 
     def on_joint_state(self, names, position, velocity, effort, received: float | None = None) -> str | None:
         """Store a joint state message; returns why it was refused, or None."""
-        received = time.monotonic() if received is None else received
+        now = time.monotonic()
+        # A stamp from the future would make the state look fresh for longer than it is.
+        received = now if received is None else min(received, now)
         reason = self._malformed(list(names), position, velocity, effort)
         if reason is not None:
-            self.refused[reason.split(":")[0]] += 1
-            self.last_refusal = reason
+            self._refuse(reason)
             return reason
         rows = [self._index.get(n, -1) for n in names]
-        q = np.empty(len(self.joints))
-        qd = np.empty(len(self.joints))
+        q = np.full(len(self.joints), np.nan)
+        qd = np.full(len(self.joints), np.nan)
         for row, p, v in zip(rows, position, velocity, strict=True):
             if row >= 0:
                 q[row], qd[row] = p, v
@@ -231,6 +302,10 @@ class PolicyNode:
         self._arrived.set()
         return None
 
+    def _refuse(self, reason: str) -> None:
+        self.refused[reason.split(":")[0]] += 1
+        self.last_refusal = reason[:REFUSAL_CHARS]
+
     def _malformed(self, names: list[str], position, velocity, effort) -> str | None:
         n = len(names)
         if len(position) != n or len(velocity) != n or len(effort) not in (0, n):
@@ -239,36 +314,48 @@ class PolicyNode:
                 f"{len(effort)} efforts (positions and velocities must match the names; efforts too or empty)"
             )
         if len(set(names)) != n:
-            return f"duplicate: joint names repeat in {names}"
+            return f"duplicate: joint names repeat in {brief(names)}"
         unknown = [name for name in names if name not in self._allowed]
         if unknown:
-            return f"unknown: joints {unknown} are not the bundle's ({list(self.joints)})"
+            return f"unknown: joints {brief(unknown)} are not the bundle's ({brief(list(self.joints))})"
         missing = [name for name in self.joints if name not in names]
         if missing:
-            return f"missing: joints {missing} absent"
+            return f"missing: joints {brief(missing)} absent"
         used = [i for i, name in enumerate(names) if name in self._index]
         if not (np.isfinite(np.asarray(position)[used]).all() and np.isfinite(np.asarray(velocity)[used]).all()):
             return "nonfinite: a position or velocity is NaN or infinite (efforts may be NaN)"
         return None
 
     def on_estop(self, engaged: bool) -> None:
+        """`True` latches ESTOP at the next tick; `False` (a released button) changes nothing: only a
+        reset leaves ESTOP."""
         if engaged:
-            self._estop = True
+            self._request("estop")
+            self._estop_waiting = True
             self._arrived.set()  # tick now rather than at the next state
 
     def on_reset(self) -> None:
-        self._reset = True
+        """ESTOP, HOLD or DAMP -> PASSIVE at the next tick, unless an e-stop arrives before that tick."""
+        self._request("reset")
 
     def start(self) -> None:
-        """Operator start: ramp to the default pose, then (after the ramp) hand over to the policy."""
-        self._start = True
+        """Operator start: ramp to the default pose, then (after the ramp) hand over to the policy.
+        Tried once, at the next tick; a refused start (no pose yet, too far from the default pose)
+        is reported and must be repeated."""
+        self._request("start")
+
+    def _request(self, kind: str) -> None:
+        with self._lock:
+            self._requests.append(kind)
 
     def on_task_command(self, values) -> str | None:
-        values = np.asarray(values, dtype=float).reshape(-1)
+        try:
+            values = np.asarray(values, dtype=float).reshape(-1)
+        except (TypeError, ValueError):
+            values = np.full(0, np.nan)
         if values.shape != self._task_command.shape or not np.isfinite(values).all():
-            reason = f"command: expected {self._task_command.size} finite values, got {values.tolist()}"
-            self.refused["command"] += 1
-            self.last_refusal = reason
+            reason = f"command: expected {self._task_command.size} finite values, got {brief(values.tolist())}"
+            self._refuse(reason)
             return reason
         self._task_command = values
         return None
@@ -277,19 +364,14 @@ class PolicyNode:
     def tick(self, now: float | None = None) -> Tick:
         now = time.monotonic() if now is None else now
         shield = self.shield
-        if self._estop:
-            self._estop = False
-            shield.estop("e-stop message")
-        if self._reset:
-            self._reset = False
-            shield.reset()
+        start = self._apply_requests()
         sample = self._latest
         fresh = sample is not None and sample is not self._used
         self._used = sample
         # The shield knows the measured pose from earlier ticks; start() refuses without one.
-        if shield.mode == Mode.PASSIVE and (self._start or self.config.autostart) and shield.start():
-            self._start, self._handover = False, True
-        if shield.mode == Mode.RAMP and (self._handover or self.config.autostart) and shield.run():
+        if shield.mode == Mode.PASSIVE and (start or self._autostart) and shield.start():
+            self._handover = True
+        if shield.mode == Mode.RAMP and self._handover and shield.run():
             self._handover = False
         obs = raw = None
         policy_time = None
@@ -308,6 +390,8 @@ class PolicyNode:
         else:
             q, qd, received = sample.position[self._spec_rows], sample.velocity[self._spec_rows], sample.received
         command = shield.tick(self.names, q, qd, received, now, raw, policy_time)
+        if command.mode == Mode.ESTOP:
+            self._autostart = self._handover = False  # the shield latched one itself (e.g. a sensor fault)
         if self.torque:
             # An effort interface has no PD of its own: the shield's damping is applied here.
             measured = q if sample is not None else command.position
@@ -321,6 +405,31 @@ class PolicyNode:
         if fresh:
             self.latencies.append(latency)
         return Tick(now, obs, raw, command, values, latency)
+
+    def _apply_requests(self) -> bool:
+        """Apply the operator requests received since the last tick; True if a start is to be tried.
+
+        An e-stop among them wins: the shield latches ESTOP and every reset and start of this tick is
+        dropped, whatever the arrival order, so no request that raced an e-stop can undo it.
+        """
+        with self._lock:
+            requests, self._requests = self._requests, []
+            self._estop_waiting = False
+        if not requests:
+            return False
+        shield = self.shield
+        if "estop" in requests:
+            shield.estop("e-stop message")
+            self._autostart = self._handover = False
+            return False
+        start = False
+        for kind in requests:
+            if kind == "reset":
+                shield.reset()
+                self._handover = start = False
+            else:
+                start = True
+        return start
 
     # --- the loop ----------------------------------------------------------------------------------
     def spin(self, stop: threading.Event, publish) -> None:
@@ -350,7 +459,7 @@ class PolicyNode:
         while not stop.is_set():
             self._arrived.clear()
             latest = self._latest
-            if self._estop:
+            if self._estop_waiting:
                 return None
             if latest is not None and latest is not self._used:
                 return latest
@@ -365,7 +474,8 @@ class PolicyNode:
         """Level (0 OK, 1 WARN, 2 ERROR), a message and key/value pairs for /diagnostics."""
         shield = self.shield
         mode = shield.mode
-        level = 2 if mode == Mode.ESTOP else 1 if mode in (Mode.HOLD, Mode.DAMP) or self.refused else 0
+        warn = mode in (Mode.HOLD, Mode.DAMP) or self.refused or self.robot_mismatch
+        level = 2 if mode == Mode.ESTOP else 1 if warn else 0
         lat = np.array(self.latencies) * 1e3 if self.latencies else np.array([math.nan])
         values = {
             "mode": mode.name,
@@ -378,6 +488,8 @@ class PolicyNode:
             "refused_messages": sum(self.refused.values()),
             "last_refusal": self.last_refusal,
         }
+        if self.robot_mismatch:
+            values["robot_mismatch"] = "; ".join(self.robot_mismatch)[:REFUSAL_CHARS]
         values |= {f"refused.{k}": v for k, v in sorted(self.refused.items())}
         values |= {f"shield.{k}": v for k, v in shield.counters.rules.items() if v}
         return {"level": level, "message": mode.name, "values": {k: str(v) for k, v in values.items()}}

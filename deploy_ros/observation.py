@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from q2real.deploy_ros.bundle import BundleError
+from q2real.deploy_ros.bundle import BundleError, brief
 
 JOINT_KINDS = ("joint_position", "joint_velocity", "joint_position_cos_sin")
 KINDS = (*JOINT_KINDS, "last_action", "command")
@@ -47,19 +47,21 @@ class ObservationBuilder:
         start = 0
         self.command_dim = 0
         for i, term in enumerate(terms):
-            where = f"{source}: metadata.observation.terms[{i}] ('{term['name']}')"
+            where = f"{source}: metadata.observation.terms[{i}] ({brief(term['name'])})"
             spec = term.get("source")
             if not isinstance(spec, dict) or spec.get("kind") not in KINDS:
                 raise BundleError(
-                    f"{where}: source: expected {{'kind': one of {list(KINDS)}, ...}}, got {spec!r}; "
+                    f"{where}: source: expected {{'kind': one of {list(KINDS)}, ...}}, got {brief(spec)}; "
                     "this bundle does not say how to build its observation on a robot"
                 )
             kind, dim = spec["kind"], term["dim"]
             names = spec.get("joints", [])
             if kind in JOINT_KINDS:
-                if not names or not all(isinstance(n, str) for n in names):
+                if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
                     raise BundleError(f"{where}: source.joints: expected a list of joint names")
                 expected = 2 * len(names) if kind == "joint_position_cos_sin" else len(names)
+            elif names:
+                raise BundleError(f"{where}: source.joints: a '{kind}' term reads no joints")
             elif kind == "last_action":
                 expected = self.action_dim
             else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ import yaml
 
 HARDWARE_DIR = Path(__file__).resolve().parent
 ControlMode = Literal["torque", "position"]
+CONTROL_MODES = ("torque", "position")
+ROBOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _TOP_KEYS = {"name", "model", "control_mode", "control_period", "joints"}
 _JOINT_KEYS = {"name", "position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd"}
 
@@ -146,7 +149,7 @@ def apply_to_model(spec: RobotSpec, model: mujoco.MjModel) -> None:
             model.actuator_ctrlrange[act] = (-joint.effort_limit / gear, joint.effort_limit / gear)
 
 
-def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = False) -> float:
+def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = False, finite: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(f"{where}: expected a number, got {value!r}")
     value = float(value)
@@ -156,6 +159,8 @@ def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = Fa
         raise SpecError(f"{where}: expected a finite number > 0, got {value}")
     if nonneg and not (value >= 0 and math.isfinite(value)):
         raise SpecError(f"{where}: expected a finite number >= 0, got {value}")
+    if finite and not math.isfinite(value):
+        raise SpecError(f"{where}: expected a finite number, got {value}")
     return value
 
 
@@ -173,35 +178,98 @@ def _check_keys(data: Any, allowed: set[str], where: str) -> None:
         raise SpecError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
 
 
-def _joint(data: Any, where: str, control_mode: str) -> JointSpec:
-    _check_keys(data, _JOINT_KEYS, where)
-    name = _require(data, "name", where)
-    if not isinstance(name, str) or not name:
-        raise SpecError(f"{where}.name: expected a non-empty string, got {name!r}")
-    where = f"{where}({name})"
-    limits = _require(data, "position_limits", where)
-    if not isinstance(limits, list) or len(limits) != 2:
-        raise SpecError(f"{where}.position_limits: expected [lower, upper], got {limits!r}")
-    lo = _number(limits[0], f"{where}.position_limits[0]")
-    hi = _number(limits[1], f"{where}.position_limits[1]")
-    if not lo < hi:
-        raise SpecError(f"{where}.position_limits: lower {lo} must be below upper {hi}")
-    default = _number(_require(data, "default_position", where), f"{where}.default_position")
+Locate = Callable[[str, int | None, str], str]
+"""(field, joint index or None, joint name) -> where an error points, in the words of the file that
+holds the robot: `robot.yaml: joints[2](elbow).kp` for a spec, `metadata.robot.kp[2]` for a bundle."""
+
+
+def check_robot_name(name: Any, where: str) -> str:
+    """A robot name is a folder name under `hardware/`, never a path."""
+    if not isinstance(name, str) or not ROBOT_NAME.fullmatch(name) or name in (".", ".."):
+        raise SpecError(
+            f"{where}: expected a robot name of letters, digits, '_', '-' or '.' (at most 64, not a path), "
+            f"got {name!r:.80}"
+        )
+    return name
+
+
+def _joint(data: dict[str, Any], i: int, control_mode: str, locate: Locate) -> JointSpec:
+    name = data.get("name")
+    if not isinstance(name, str) or not name or len(name) > 256 or not name.isprintable() or name != name.strip():
+        raise SpecError(f"{locate('name', i, '?')}: expected a non-empty printable joint name, got {name!r:.80}")
+    where = lambda key: locate(key, i, name)  # noqa: E731
+    limits = _require(data, "position_limits", where(""))
+    if not isinstance(limits, list | tuple) or len(limits) != 2:
+        raise SpecError(f"{where('position_limits')}: expected [lower, upper], got {limits!r}")
+    lo = _number(limits[0], f"{where('position_limits')}[0]")
+    hi = _number(limits[1], f"{where('position_limits')}[1]")
+    if not lo < hi or lo == math.inf or hi == -math.inf:
+        raise SpecError(f"{where('position_limits')}: lower {lo} must be below upper {hi}")
+    default = _number(_require(data, "default_position", where("")), where("default_position"), finite=True)
     if not lo <= default <= hi:
-        raise SpecError(f"{where}.default_position: {default} lies outside position_limits [{lo}, {hi}]")
-    kp = _number(data.get("kp", 0.0), f"{where}.kp", nonneg=True)
-    kd = _number(data.get("kd", 0.0), f"{where}.kd", nonneg=True)
+        raise SpecError(f"{where('default_position')}: {default} lies outside position_limits [{lo}, {hi}]")
+    kp = _number(data.get("kp", 0.0), where("kp"), nonneg=True)
+    kd = _number(data.get("kd", 0.0), where("kd"), nonneg=True)
     if control_mode == "position" and kp <= 0:
-        raise SpecError(f"{where}.kp: position-controlled joints need kp > 0, got {kp}")
+        raise SpecError(f"{where('kp')}: position-controlled joints need kp > 0, got {kp}")
+    velocity = _require(data, "velocity_limit", where(""))
+    effort = _require(data, "effort_limit", where(""))
     return JointSpec(
         name=name,
         position_limits=(lo, hi),
-        velocity_limit=_number(_require(data, "velocity_limit", where), f"{where}.velocity_limit", positive=True),
-        effort_limit=_number(_require(data, "effort_limit", where), f"{where}.effort_limit", positive=True),
+        velocity_limit=_number(velocity, where("velocity_limit"), positive=True),
+        effort_limit=_number(effort, where("effort_limit"), positive=True),
         default_position=default,
         kp=kp,
         kd=kd,
     )
+
+
+def build_spec(
+    name: Any,
+    control_mode: Any,
+    control_period: Any,
+    joints: Any,
+    locate: Locate,
+    model_path: Path,
+    source: Path,
+) -> RobotSpec:
+    """The one validator of robot facts, for a spec file and for a bundle's robot section alike.
+
+    Each joint is a mapping with the `JointSpec` field names. Every rule that keeps the shield's
+    windows meaningful is here: positive finite velocity and effort limits, ordered position limits,
+    a finite default pose inside them, non-negative gains (kp > 0 under position control), unique
+    joint names and a control mode from the closed set.
+    """
+    check_robot_name(name, locate("name", None, ""))
+    if control_mode not in CONTROL_MODES:
+        where = locate("control_mode", None, "")
+        raise SpecError(f"{where}: expected 'torque' or 'position', got {control_mode!r:.80}")
+    period = _number(control_period, locate("control_period", None, ""), positive=True)
+    if not isinstance(joints, list | tuple) or not joints:
+        raise SpecError(f"{locate('joints', None, '')}: expected a non-empty list of joints")
+    specs = tuple(_joint(j, i, control_mode, locate) for i, j in enumerate(joints))
+    names = [j.name for j in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SpecError(f"{locate('joints', None, '')}: duplicate joint name(s) {dupes}")
+    return RobotSpec(name, model_path, control_mode, period, specs, source)
+
+
+def differences(a: RobotSpec, b: RobotSpec) -> list[str]:
+    """Field-by-field differences between two descriptions of a robot, as 'field: a vs b' lines."""
+    found = [
+        f"{key}: {getattr(a, key)!r} vs {getattr(b, key)!r}"
+        for key in ("name", "control_mode", "control_period")
+        if getattr(a, key) != getattr(b, key)
+    ]
+    if a.joint_names != b.joint_names:
+        return [*found, f"joint_names: {a.joint_names} vs {b.joint_names}"]
+    for ja, jb in zip(a.joints, b.joints, strict=True):
+        for key in ("position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd"):
+            if getattr(ja, key) != getattr(jb, key):
+                found.append(f"joints.{ja.name}.{key}: {getattr(ja, key)} vs {getattr(jb, key)}")
+    return found
 
 
 def load_spec(path: str | Path) -> RobotSpec:
@@ -215,32 +283,36 @@ def load_spec(path: str | Path) -> RobotSpec:
         raise SpecError(f"{path}: not valid YAML: {err}") from err
     where = str(path)
     _check_keys(data, _TOP_KEYS, where)
-    name = _require(data, "name", where)
-    if not isinstance(name, str) or not name:
-        raise SpecError(f"{where}: name: expected a non-empty string, got {name!r}")
+    for i, joint in enumerate(data["joints"] if isinstance(data.get("joints"), list) else []):
+        _check_keys(joint, _JOINT_KEYS, f"{where}: joints[{i}]")
     model_rel = _require(data, "model", where)
     if not isinstance(model_rel, str):
         raise SpecError(f"{where}: model: expected a path relative to the spec, got {model_rel!r}")
     model_path = (path.parent / model_rel).resolve()
     if not model_path.is_file():
         raise SpecError(f"{where}: model: file {model_path} not found")
-    mode = _require(data, "control_mode", where)
-    if mode not in ("torque", "position"):
-        raise SpecError(f"{where}: control_mode: expected 'torque' or 'position', got {mode!r}")
-    period = _number(_require(data, "control_period", where), f"{where}: control_period", positive=True)
-    joints_data = _require(data, "joints", where)
-    if not isinstance(joints_data, list) or not joints_data:
-        raise SpecError(f"{where}: joints: expected a non-empty list of joints")
-    joints = tuple(_joint(j, f"{where}: joints[{i}]", mode) for i, j in enumerate(joints_data))
-    names = [j.name for j in joints]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise SpecError(f"{where}: joints: duplicate joint name(s) {dupes}")
-    return RobotSpec(name, model_path, mode, period, joints, path)
+
+    def locate(key: str, i: int | None, joint: str) -> str:
+        if i is None:
+            return f"{where}: {key}"
+        if key == "name":
+            return f"{where}: joints[{i}].name"
+        return f"{where}: joints[{i}]({joint})" + (f".{key}" if key else "")
+
+    return build_spec(
+        _require(data, "name", where),
+        _require(data, "control_mode", where),
+        _require(data, "control_period", where),
+        _require(data, "joints", where),
+        locate,
+        model_path,
+        path,
+    )
 
 
 def robot_spec(name: str) -> RobotSpec:
     """The spec shipped in `hardware/<name>/robot.yaml`."""
+    check_robot_name(name, "robot")
     path = HARDWARE_DIR / name / "robot.yaml"
     if not path.is_file():
         shipped = sorted(p.parent.name for p in HARDWARE_DIR.glob("*/robot.yaml"))

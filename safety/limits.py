@@ -14,9 +14,12 @@ def gain_scale(
     target: np.ndarray, q: np.ndarray, qd: np.ndarray, kp: np.ndarray, kd: np.ndarray, max_effort: np.ndarray
 ) -> np.ndarray:
     """Per-joint factor in (0, 1] on (kp, kd) that brings the PD torque within +-max_effort when moving
-    the target alone could not (e.g. kd |qd| already exceeds the limit)."""
-    torque = np.abs(kp * (target - q) - kd * qd)
-    return np.where(torque > max_effort, max_effort / np.maximum(torque, max_effort), 1.0)
+    the target alone could not (e.g. kd |qd| already exceeds the limit). A torque that overflows
+    (a continuous joint read at 1e308) is not a number to compare against: its gains go to zero."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        torque = np.abs(kp * (target - q) - kd * qd)
+        scale = np.where(torque <= max_effort, 1.0, max_effort / np.maximum(torque, max_effort))
+    return np.nan_to_num(scale, nan=0.0)
 
 
 def outward_effort_zeroed(effort: np.ndarray, q: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ from typing import Literal
 
 import numpy as np
 
+from q2real.configs import checks
 from q2real.hardware import RobotSpec
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.limits import clip, gain_scale, outward_effort_zeroed
@@ -72,6 +73,30 @@ class ShieldConfig:
     """MJCF sites or bodies (e.g. the end effector) that must stay inside the workspace box; empty = off."""
     workspace_lower: tuple[float, float, float] = (-math.inf, -math.inf, -math.inf)
     workspace_upper: tuple[float, float, float] = (math.inf, math.inf, math.inf)
+
+    def validate(self) -> None:
+        """Every value finite and of the sign its rule needs: a NaN margin or a negative damping gain
+        would disarm the rule it configures."""
+        checks.number("action_clip", self.action_clip, above=0.0, at_most=1.0)
+        if self.action_scale is not None:
+            checks.numbers("action_scale", self.action_scale, at_least=0.0)
+        if self.action_offset is not None:
+            checks.numbers("action_offset", self.action_offset)
+        checks.number("soft_limit_margin", self.soft_limit_margin, at_least=0.0, below=0.5)
+        checks.number("position_tolerance", self.position_tolerance, at_least=0.0)
+        checks.number("max_state_age", self.max_state_age, above=0.0)
+        if self.deadline is not None:
+            checks.number("deadline", self.deadline, above=0.0)
+        checks.number("max_deadline_misses", self.max_deadline_misses, at_least=1)
+        checks.number("max_bad_actions", self.max_bad_actions, at_least=1)
+        checks.number("ramp_time", self.ramp_time, at_least=0.0)
+        if self.ramp_max_distance != math.inf:  # inf: ramp from anywhere (simulation only)
+            checks.number("ramp_max_distance", self.ramp_max_distance, above=0.0)
+        checks.number("damp_kd", self.damp_kd, at_least=0.0)
+        checks.names("workspace_points", self.workspace_points)
+        for i, (lo, hi) in enumerate(zip(self.workspace_lower, self.workspace_upper, strict=True)):
+            if math.isnan(lo) or math.isnan(hi) or not lo <= hi:
+                raise ValueError(f"workspace_lower[{i}]/workspace_upper[{i}]: expected lower <= upper, got {lo}, {hi}")
 
 
 @dataclass
@@ -139,6 +164,12 @@ class Shield:
     def __init__(self, spec: RobotSpec, config: ShieldConfig | None = None, veto: Veto | None = None):
         self.spec, self.config, self.veto = spec, config or ShieldConfig(), veto
         cfg = self.config
+        try:
+            cfg.validate()
+            if cfg.deadline is not None:
+                checks.number("deadline", cfg.deadline, above=0.0, at_most=spec.control_period)
+        except ValueError as err:
+            raise ValueError(f"shield config: {err}") from None
         n = spec.num_joints
         self.names = spec.joint_names
         self._index = {name: i for i, name in enumerate(self.names)}
@@ -266,7 +297,8 @@ class Shield:
             self.estop(f"joint '{worst}' measured beyond its hard limit + {tol}: sensor or calibration fault")
             return flags | R.STATE_OUT_OF_LIMITS
         if not flags & R.STATE_STALE:
-            self._q, self._qd, self._last_valid = q, qd, stamp
+            # A stamp ahead of the tick's clock must not keep the state fresh past max_state_age.
+            self._q, self._qd, self._last_valid = q, qd, min(stamp, now)
         return flags
 
     def _action(self, action, policy_time: float | None) -> tuple[np.ndarray | None, Rule]:
@@ -331,7 +363,8 @@ class Shield:
                     target = self.offset + self.scale * clipped
         elif self.mode == Mode.RAMP:
             self._ramp_ticks += 1
-            alpha = min(1.0, self._ramp_ticks * self.dt / self.config.ramp_time)
+            ramp = self.config.ramp_time
+            alpha = min(1.0, self._ramp_ticks * self.dt / ramp) if ramp > 0 else 1.0
             target = (1 - alpha) * self._ramp_from + alpha * self.default
         return self._finish(target, effort, flags)
 

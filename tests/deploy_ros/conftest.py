@@ -42,6 +42,12 @@ def cartpole_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def panda_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Seven position-controlled joints: every per-joint robot rule has joints to break."""
+    return export_fresh_agent("panda_reach", tmp_path_factory.mktemp("bundles") / "panda.onnx")
+
+
+@pytest.fixture(scope="session")
 def trained_bundle(trained_pendulum, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from q2real.agents.export import export_run
 

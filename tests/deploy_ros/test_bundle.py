@@ -131,7 +131,7 @@ def _set(meta: dict, path: str, value) -> dict:
                 "robot",
                 None,
             ),
-            "graph actions shape [2, 1] for a batch of 2 disagrees with metadata (expected [2, 2])",
+            "graph actions shape [1, 1] for a batch of 1 disagrees with metadata (expected [1, 2])",
         ),
         (lambda m: _set(m, "robot.joint_names", KeyError), "metadata.robot.joint_names: missing"),
         (lambda m: _set(m, "action.scale", [float("nan")]), "metadata.action.scale: expected 1 finite numbers"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -241,3 +242,48 @@ def test_workspace_box_holds_targets_whose_forward_kinematics_leave_it(tmp_path:
     assert np.allclose(shield.workspace.positions(cmd.position)[0][0], cmd.position[0])
     with pytest.raises(ValueError, match="neither a site nor a body"):
         Shield(spec, ShieldConfig(workspace_points=("gripper",)))
+
+
+def _continuous_position_spec(tmp_path: Path):
+    """Cartpole's hinge as a continuous, position-controlled joint."""
+    import shutil
+
+    import yaml
+
+    from q2real.hardware import load_spec
+    from q2real.hardware.spec import HARDWARE_DIR
+
+    shutil.copy(HARDWARE_DIR / "cartpole" / "model.xml", tmp_path / "model.xml")
+    data = yaml.safe_load((HARDWARE_DIR / "cartpole" / "robot.yaml").read_text())
+    data["control_mode"] = "position"
+    data["joints"][0].update(position_limits=[-math.inf, math.inf], kp=200.0, kd=10.0)
+    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(data))
+    return load_spec(tmp_path / "robot.yaml")
+
+
+def test_a_continuous_joint_read_near_float_max_gets_zero_gains_not_nan(tmp_path: Path) -> None:
+    spec = _continuous_position_spec(tmp_path)
+    shield = Shield(spec, ShieldConfig(ramp_time=0.02))
+    now = 0.0
+    for q, qd in [(0.0, 0.0), (0.0, 0.0), (1e308, 1e308), (-1e308, 1e308), (1e308, -1e308)]:
+        now += spec.control_period
+        cmd = shield.tick(["slider"], [q], [qd], now, now, None)
+        if shield.mode == Mode.PASSIVE:
+            assert shield.start()
+        for value in (cmd.position, cmd.kp, cmd.kd, cmd.effort):
+            assert np.isfinite(value).all(), cmd
+    assert cmd.kp[0] == 0.0 and cmd.flags & Rule.GAIN_REDUCED
+
+
+def test_a_state_stamped_ahead_of_the_clock_keeps_it_fresh_no_longer_than_max_state_age() -> None:
+    spec = robot_spec("cartpole")
+    shield = Shield(spec, ShieldConfig(ramp_time=0.02, max_state_age=0.1))
+    now = 0.0
+    shield.tick(["slider"], [0.0], [0.0], now, now)
+    assert shield.start()
+    for _ in range(3):
+        now += spec.control_period
+        shield.tick(["slider"], [0.0], [0.0], now, now)
+    assert shield.run()
+    shield.tick(["slider"], [0.0], [0.0], now + 0.09, now)  # stamped 90 ms in the future
+    assert shield.tick(["slider"], [0.0], [0.0], now, now + 0.1 + 1e-6).mode == Mode.HOLD

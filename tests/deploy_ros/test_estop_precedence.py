@@ -1,0 +1,195 @@
+"""E-stop precedence as a property: random interleavings of e-stop, release, reset, start and joint
+states between ticks, checked against the mode machine's invariants; then the race that used to lose
+e-stops (a reset and an e-stop sent back to back) over real DDS."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from q2real.deploy_ros import messages as msg
+from q2real.deploy_ros.dds import DdsNode, wait_for_match
+from q2real.deploy_ros.node import NodeConfig, PolicyNode
+from q2real.safety.flags import Mode
+from q2real.safety.shield import ShieldConfig
+
+DT = 0.02  # hardware/pendulum control period
+EVENTS = ("estop", "release", "reset", "start", "state", "far_state", "tick")
+
+
+def _node(bundle, autostart: bool) -> PolicyNode:
+    return PolicyNode(bundle, NodeConfig(autostart=autostart, shield=ShieldConfig(ramp_time=2 * DT)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    autostart=st.booleans(),
+    events=st.lists(st.sampled_from(EVENTS), min_size=1, max_size=80),
+    positions=st.lists(st.floats(-0.5, 0.5), min_size=80, max_size=80),
+)
+def test_no_request_that_races_an_estop_undoes_it(pendulum_bundle, autostart, events, positions) -> None:
+    node = _node(pendulum_bundle, autostart)
+    now = 100.0
+    since_tick: list[str] = []
+    stopped_once = False
+    for k, event in enumerate([*events, "tick"]):
+        if event == "estop":
+            node.on_estop(True)
+        elif event == "release":
+            node.on_estop(False)
+        elif event == "reset":
+            node.on_reset()
+        elif event == "start":
+            node.start()
+        elif event in ("state", "far_state"):
+            # far_state: a pose the ramp must refuse to start from (more than ramp_max_distance away).
+            q = positions[k % len(positions)] + (2.0 if event == "far_state" else 0.0)
+            node.on_joint_state(["hinge"], [q], [0.0], [], received=now)
+        if event != "tick":
+            since_tick.append(event)
+            continue
+        before = node.shield.mode
+        tick = node.tick(now)
+        after = tick.command.mode
+        assert np.isfinite(tick.values).all() and abs(tick.values[0]) <= 2.0
+        if "estop" in since_tick:
+            assert after == Mode.ESTOP, (since_tick, before, after)
+        if before == Mode.ESTOP:
+            assert after in (Mode.ESTOP, Mode.PASSIVE), (since_tick, after)
+            if "reset" not in since_tick or "estop" in since_tick:
+                assert after == Mode.ESTOP, (since_tick, after)
+        if before != Mode.RAMP and after == Mode.RAMP:
+            explicit = "start" in since_tick[_last(since_tick, "reset") + 1 :]
+            assert explicit or (autostart and not stopped_once), (since_tick, autostart, stopped_once)
+        if after == Mode.RUN:
+            assert before in (Mode.RAMP, Mode.RUN), (before, after)
+        stopped_once |= after == Mode.ESTOP
+        since_tick.clear()
+        now += DT
+
+
+def _last(items: list[str], item: str) -> int:
+    return max((i for i, x in enumerate(items) if x == item), default=-1)
+
+
+def test_a_start_pressed_before_an_estop_does_not_fire_after_the_reset(pendulum_bundle) -> None:
+    node = _node(pendulum_bundle, autostart=False)
+    now = 100.0
+    node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
+    node.tick(now)
+    node.start()
+    node.on_estop(True)
+    assert node.tick(now + DT).command.mode == Mode.ESTOP
+    node.on_reset()
+    for i in range(2, 10):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now + i * DT)
+        assert node.tick(now + i * DT).command.mode == Mode.PASSIVE
+
+
+def test_autostart_never_restarts_from_a_latched_stop(pendulum_bundle) -> None:
+    node = _node(pendulum_bundle, autostart=True)
+    now = 100.0
+    modes = []
+    for i in range(40):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
+        if i == 10:
+            node.on_estop(True)
+        if i == 15:
+            node.on_reset()
+        if i == 25:
+            node.start()
+        modes.append(node.tick(now).command.mode)
+        now += DT
+    assert Mode.RUN in modes[:10]
+    assert set(modes[10:15]) == {Mode.ESTOP} and set(modes[15:25]) == {Mode.PASSIVE}
+    assert modes[25] == Mode.RAMP and modes[-1] == Mode.RUN
+
+
+def test_reset_then_estop_sent_back_to_back_over_dds_always_ends_in_estop(pendulum_bundle, participant) -> None:
+    operator = participant("operator")
+    robot = participant("robot")
+    estop = operator.writer("/q2real_policy/estop", msg.Bool)
+    reset = operator.writer("/q2real_policy/reset", msg.Empty)
+    states = robot.writer("/joint_states", msg.JointState)
+    node = _node(pendulum_bundle, autostart=True)
+    transport = DdsNode(node)
+    ticks: list[Mode] = []
+    stop = threading.Event()
+
+    def publish(tick) -> None:
+        ticks.append(tick.command.mode)
+        transport.publish(tick)
+
+    def robot_loop() -> None:
+        while not stop.wait(DT / 2):
+            states.write(msg.JointState(name=["hinge"], position=[0.1], velocity=[0.0], effort=[]))
+
+    threads = [
+        threading.Thread(target=robot_loop, daemon=True),
+        threading.Thread(target=node.spin, args=(stop, publish), daemon=True),
+    ]
+    try:
+        for writer in (estop, reset, states):
+            wait_for_match(writer)
+        for thread in threads:
+            thread.start()
+        rng = random.Random(7)
+        _wait_for(lambda: node.shield.mode == Mode.RUN, "autostart to run the policy")
+        estop.write(msg.Bool(data=True))
+        _wait_for(lambda: node.shield.mode == Mode.ESTOP, "the first e-stop")
+        for trial in range(24):
+            gap = rng.uniform(0.0, 0.004)
+            reset.write(msg.Empty())
+            if gap:
+                time.sleep(gap)
+            estop.write(msg.Bool(data=True))
+            sent = len(ticks)
+            time.sleep(rng.uniform(3, 6) * DT)
+            assert node.shield.mode == Mode.ESTOP, f"trial {trial}: ended in {node.shield.mode.name}"
+            assert Mode.RAMP not in ticks[sent:] and Mode.RUN not in ticks[sent:], f"trial {trial}: {ticks[sent:]}"
+    finally:
+        stop.set()
+        for thread in threads:
+            if thread.is_alive():
+                thread.join(5)
+        transport.close()
+
+
+def _wait_for(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+def test_a_future_stamp_does_not_extend_the_watchdog(pendulum_bundle) -> None:
+    node = _node(pendulum_bundle, autostart=True)
+    now = time.monotonic() - 1.0
+    for i in range(10):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now + i * DT)
+        node.tick(now + i * DT)
+    assert node.shield.mode == Mode.RUN
+    # A state stamped 50 ms ahead: taken as arriving now, so the node still falls back on time.
+    node.on_joint_state(["hinge"], [0.1], [0.0], [], received=time.monotonic() + 0.05)
+    last = node._latest.received
+    assert last <= time.monotonic()
+    age = node.shield.config.max_state_age
+    assert node.tick(last + age + DT).command.mode == Mode.HOLD
+
+
+def test_a_megabyte_refusal_is_not_republished_whole(pendulum_bundle) -> None:
+    node = _node(pendulum_bundle, autostart=False)
+    huge = "j" * 1_000_000
+    reason = node.on_joint_state([huge], [0.0], [0.0], [])
+    assert reason is not None and len(reason) < 1000
+    assert len(node.diagnostics()["values"]["last_refusal"]) <= 300
+    assert node.on_task_command([math.nan] * 100_000) is not None
+    assert len(node.diagnostics()["values"]["last_refusal"]) <= 300

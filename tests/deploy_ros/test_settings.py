@@ -1,0 +1,114 @@
+"""Every deploy and shield setting is range-checked before anything starts, and the refusal names the key,
+whichever way the setting arrived: a preset or the command line, ROS parameters, or the Python API."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from q2real.configs.cli import main
+from q2real.configs.loader import ConfigError, load
+from q2real.deploy_ros.node import NodeConfig, PolicyNode, config_from_parameters
+from q2real.hardware import robot_spec
+from q2real.safety.shield import Shield, ShieldConfig
+
+BAD_SETTINGS = [
+    ("control_period", -0.02),
+    ("control_period", 0.0),
+    ("control_period", math.inf),
+    ("control_period", math.nan),
+    ("control_period", 5.0),
+    ("startup_timeout", 0.0),
+    ("startup_timeout", math.nan),
+    ("diagnostics_period", -1.0),
+    ("extra_joints", ["gripper", "gripper"]),
+    ("extra_joints", [""]),
+    ("controller", "bad name"),
+    ("controller", "ns/controller"),
+    ("record", " "),
+    ("robot", ""),
+    ("topics.joint_states", "/bad//name"),
+    ("topics.joint_states", "joint_states/"),
+    ("topics.estop", "/joint_states"),
+    ("topics.reset", "~/estop"),
+    ("topics.task_command", "/diagnostics"),
+    ("topics.command", "/joint_states"),
+    ("topics.diagnostics", "/forward_command_controller/commands"),
+    ("topics.estop", "/q2real_policy/reset"),
+    ("shield.action_clip", 0.0),
+    ("shield.action_clip", 1.5),
+    ("shield.action_clip", math.nan),
+    ("shield.action_scale", [math.nan]),
+    ("shield.action_offset", [math.inf]),
+    ("shield.soft_limit_margin", math.nan),
+    ("shield.soft_limit_margin", -0.1),
+    ("shield.soft_limit_margin", 0.5),
+    ("shield.position_tolerance", -0.01),
+    ("shield.position_tolerance", math.inf),
+    ("shield.max_state_age", 0.0),
+    ("shield.max_state_age", math.inf),
+    ("shield.deadline", -0.001),
+    ("shield.max_deadline_misses", 0),
+    ("shield.max_bad_actions", -1),
+    ("shield.ramp_time", -1.0),
+    ("shield.ramp_time", math.nan),
+    ("shield.ramp_max_distance", 0.0),
+    ("shield.ramp_max_distance", math.nan),
+    ("shield.damp_kd", -1.0),
+    ("shield.damp_kd", math.inf),
+    ("shield.workspace_points", ["hand", "hand"]),
+    ("shield.workspace_lower", [0.0, 0.0, math.nan]),
+    ("shield.workspace_upper", [math.nan, 1.0, 1.0]),
+]
+
+
+def _nested(key: str, value) -> dict:
+    *parents, leaf = key.split(".")
+    data: dict = {leaf: value}
+    for parent in reversed(parents):
+        data = {parent: data}
+    return data
+
+
+def _yaml_value(value) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(_yaml_value(v) for v in value) + "]"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+@pytest.mark.parametrize(("key", "value"), BAD_SETTINGS)
+def test_bad_settings_are_refused_naming_the_key_on_every_path(key: str, value, pendulum_bundle) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(NodeConfig, None, [f"{key}={_yaml_value(value)}"])
+    assert str(err.value).startswith("defaults + command line: ") and key.split(".")[-1] in str(err.value)
+    parameters = {"policy.path": str(pendulum_bundle), key: value}
+    with pytest.raises(ConfigError, match=rf"ROS parameters: .*{key.split('.')[-1]}"):
+        config_from_parameters(parameters)
+
+
+def test_the_node_and_the_shield_check_their_configs_themselves(pendulum_bundle) -> None:
+    with pytest.raises(ValueError, match=r"shield\.damp_kd: expected a finite number >= 0, got -1\.0"):
+        PolicyNode(pendulum_bundle, NodeConfig(shield=ShieldConfig(damp_kd=-1.0)))
+    with pytest.raises(ValueError, match=r"topics\.estop: '/joint_states' is already the joint_states topic"):
+        config = NodeConfig()
+        config.topics = dataclasses.replace(config.topics, estop="/joint_states")
+        PolicyNode(pendulum_bundle, config)
+    spec = robot_spec("pendulum")
+    with pytest.raises(ValueError, match=r"shield config: soft_limit_margin: expected a finite number"):
+        Shield(spec, ShieldConfig(soft_limit_margin=math.nan))
+    with pytest.raises(ValueError, match=r"shield config: deadline: .*<= 0\.02"):
+        Shield(spec, ShieldConfig(deadline=0.5))
+
+
+def test_the_cli_refuses_bad_settings_before_the_sim_robot_starts(pendulum_bundle, capsys, dds_domain) -> None:
+    assert main(["deploy", str(pendulum_bundle), "--sim", "shield.damp_kd=-2"]) == 2
+    assert "shield.damp_kd: expected a finite number >= 0, got -2.0" in capsys.readouterr().err
+
+
+def test_good_settings_pass_and_inf_ramp_distance_is_allowed() -> None:
+    config = load(NodeConfig, None, ["control_period=0.01", "shield.ramp_max_distance=.inf", "shield.ramp_time=0"])
+    assert config.control_period == 0.01 and config.shield.ramp_max_distance == math.inf
