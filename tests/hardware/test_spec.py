@@ -94,3 +94,9 @@ def test_position_mode_requires_gains_and_writes_them_into_the_model(tmp_path: P
 def test_unknown_robot_lists_shipped_specs() -> None:
     with pytest.raises(SpecError, match="shipped specs: .*cartpole"):
         robot_spec("t800")
+
+
+@pytest.mark.parametrize("name", ["../pendulum", "/etc/passwd", "..", "pendulum/../panda", "a" * 65, ""])
+def test_robot_names_are_folder_names_never_paths(name: str) -> None:
+    with pytest.raises(SpecError, match="expected a robot name of letters, digits"):
+        robot_spec(name)
