@@ -1,13 +1,16 @@
 """`q2real deploy`: a bundle on a robot over DDS, optionally against the sim-in-the-loop robot.
 
 With `sim=True` the robot is `q2real.hardware.sim_robot` in its own process (the bundle's robot,
-loopback DDS), started before the node and stopped after it; otherwise the node waits for a real
-robot's joint states. Ctrl-C, the duration running out, or an error stops the node, which then
+loopback DDS), started before the node and stopped on every way out of `deploy`, start-up failures
+included; it also exits by itself if this process dies. Otherwise the node waits for a real robot's
+joint states. Ctrl-C, the duration running out, or an error stops the node, which then
 sends a last safe command (the shield's fallback) and closes the bag.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import threading
@@ -33,13 +36,29 @@ class Summary:
 
 
 def start_sim_robot(robot: str, config: NodeConfig, rate: float | None = None, extra: list[str] | None = None):
-    """The sim robot as a child process on loopback DDS; returns the Popen."""
+    """The sim robot as a child process on loopback DDS; returns the Popen.
+
+    The child watches this process (`--parent-pid`) and exits when it dies, even by SIGKILL, so
+    that no robot is left publishing joint states on the wire with nobody commanding it.
+    """
     command = [sys.executable, "-m", "q2real.hardware.sim_robot", robot, "--loopback"]
-    command += ["--command-style", config.command_style]
+    command += ["--command-style", config.command_style, "--parent-pid", str(os.getpid())]
     if rate is not None:
         command += ["--rate", str(rate)]
     use_loopback()  # the child inherits the environment, so both ends use the same DDS settings
     return subprocess.Popen(command + (extra or []))
+
+
+def stop_sim_robot(process: subprocess.Popen, timeout: float = 5.0) -> None:
+    """Terminate and reap the sim robot; kill it if it hangs or a second Ctrl-C cuts the wait short."""
+    process.terminate()
+    try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def deploy(
@@ -58,17 +77,44 @@ def deploy(
         use_loopback()
     node = PolicyNode(bundle, config)
     robot = None
-    if sim:
-        _check_sim_spec(node)
-        robot = start_sim_robot(node.spec.name, config, rate=sim_rate or 1.0 / node.period)
-    recorder = None
-    transport = DdsNode(node)
-    if config.record:
-        from q2real.deploy_ros.recorder import Recorder
-
-        recorder = Recorder(config.record, transport.command_topic, transport.command_type, node.bundle.info.metadata)
-        transport.recorder = recorder
     try:
+        if sim:
+            robot = start_sim_robot(node.spec.name, config, rate=sim_rate or 1.0 / node.period)
+        _serve(node, config, stop, duration, status_every, operator_start)
+    finally:
+        # Every exit, start-up failures included (bad topic, bag path, no robot), stops the child.
+        if robot is not None:
+            stop_sim_robot(robot)
+    lat = np.array(node.latencies) * 1e3 if node.latencies else np.array([np.nan])
+    return Summary(
+        ticks=node.ticks,
+        mode=node.shield.mode.name,
+        latency_p50_ms=float(np.percentile(lat, 50)),
+        latency_p99_ms=float(np.percentile(lat, 99)),
+        loop_deadline_misses=node.loop_misses,
+        refused_messages=sum(node.refused.values()),
+        shield_counters={k: v for k, v in node.shield.counters.rules.items() if v},
+    )
+
+
+def _serve(
+    node: PolicyNode,
+    config: NodeConfig,
+    stop: threading.Event,
+    duration: float | None,
+    status_every: float | None,
+    operator_start: bool,
+) -> None:
+    """The node on DDS until `stop`; it always ends with a last safe command and a closed bag."""
+    transport = DdsNode(node)
+    recorder = None
+    try:
+        if config.record:
+            from q2real.deploy_ros.recorder import Recorder
+
+            metadata = node.bundle.info.metadata
+            recorder = Recorder(config.record, transport.command_topic, transport.command_type, metadata)
+            transport.recorder = recorder
         transport.wait_for_robot()
         if duration is not None:
             timer = threading.Timer(duration, stop.set)
@@ -87,32 +133,6 @@ def deploy(
         transport.close()
         if recorder is not None:
             recorder.close()
-        if robot is not None:
-            robot.terminate()
-            robot.wait(10)
-    lat = np.array(node.latencies) * 1e3 if node.latencies else np.array([np.nan])
-    return Summary(
-        ticks=node.ticks,
-        mode=node.shield.mode.name,
-        latency_p50_ms=float(np.percentile(lat, 50)),
-        latency_p99_ms=float(np.percentile(lat, 99)),
-        loop_deadline_misses=node.loop_misses,
-        refused_messages=sum(node.refused.values()),
-        shield_counters={k: v for k, v in node.shield.counters.rules.items() if v},
-    )
-
-
-def _check_sim_spec(node: PolicyNode) -> None:
-    from q2real.hardware import robot_spec
-
-    spec = robot_spec(node.spec.name)
-    trained = node.bundle.info.metadata["robot"]["sha256"]
-    if spec.sha256 != trained:
-        print(
-            f"warning: hardware/{spec.name} changed since the bundle was trained (spec+model sha256 "
-            f"{spec.sha256[:12]} vs {trained[:12]}); the sim robot runs the current files",
-            file=sys.stderr,
-        )
 
 
 def _wait_for_enter(node: PolicyNode) -> None:

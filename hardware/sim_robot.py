@@ -14,6 +14,7 @@ side is a crash of a separate program, as on a real robot.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 import time
@@ -107,10 +108,18 @@ class SimRobot:
             effort=effort.tolist(),
         )
 
-    def run(self, stop: threading.Event, duration: float | None = None) -> None:
-        """Publish, apply the newest command and step, once per period, in real time."""
+    def run(self, stop: threading.Event, duration: float | None = None, parent: int | None = None) -> None:
+        """Publish, apply the newest command and step, once per period, in real time.
+
+        With `parent` (a pid) it also stops once that process is gone: an orphan is reparented, so
+        `os.getppid()` changes. Polled rather than PR_SET_PDEATHSIG, which is Linux-only and fires
+        when the spawning thread exits, not the process (a node started from a worker thread).
+        """
         start = next_at = time.monotonic()
         while not stop.is_set() and (duration is None or next_at - start < duration):
+            if parent is not None and os.getppid() != parent:
+                print(f"sim robot: parent process {parent} is gone, stopping", flush=True)
+                return
             self.writer.write(self.state_message())
             now = time.monotonic()
             self._apply(now)
@@ -132,6 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--initial", nargs="*", default=[], metavar="JOINT=VALUE", help="initial joint positions")
     parser.add_argument("--duration", type=float, default=None, help="seconds, default: until SIGINT/SIGTERM")
     parser.add_argument("--loopback", action="store_true", help="keep DDS on 127.0.0.1 (no network)")
+    parser.add_argument(
+        "--parent-pid", type=int, default=None, help="exit when this process dies (default: run standalone)"
+    )
     args = parser.parse_args(argv)
     if args.loopback:
         use_loopback()
@@ -148,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, lambda *_: stop.set())
     print(f"sim robot '{args.robot}': {len(robot.names)} joints {robot.names} at {1 / robot.period:g} Hz", flush=True)
     try:
-        robot.run(stop, args.duration)
+        robot.run(stop, args.duration, args.parent_pid)
     finally:
         robot.dds.close()
 
