@@ -33,7 +33,10 @@ def number(
         f"< {below:g}" if below is not None else "",
     ]
     wanted = " and ".join(b for b in bounds if b)
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    try:  # a YAML or JSON integer may have hundreds of digits: too large for a float is not finite
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        ok = False
     if ok:
         ok = (
             (above is None or value > above)
@@ -42,7 +45,7 @@ def number(
             and (below is None or value < below)
         )
     if not ok:
-        raise ValueError(f"{key}: expected a finite number{' ' + wanted if wanted else ''}, got {value!r}")
+        raise ValueError(f"{key}: expected a finite number{' ' + wanted if wanted else ''}, got {value!r:.80}")
 
 
 def numbers(key: str, values: Iterable[float], **bounds: float) -> None:

@@ -80,8 +80,11 @@ def _coerce(value: Any, tp: Any, source: str, key: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+            raise ConfigError(f"{where}: expected a number, got {value!r:.80}")
+        try:
+            return float(value)
+        except OverflowError:
+            raise ConfigError(f"{where}: expected a number, got an integer too large for a float") from None
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")

@@ -51,6 +51,14 @@ def brief(value: Any) -> str:
     return _BRIEF.repr(value)
 
 
+def _finite(value: Any) -> bool:
+    """A finite JSON number; an integer too large for a float (JSON allows any digits) is not."""
+    try:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _get(data: dict, path: str, kind, source: str) -> Any:
     node: Any = data
     for key in path.split("."):
@@ -58,7 +66,7 @@ def _get(data: dict, path: str, kind, source: str) -> Any:
             raise BundleError(f"{source}: metadata.{path}: missing")
         node = node[key]
     if kind is float:
-        ok = isinstance(node, int | float) and not isinstance(node, bool) and math.isfinite(node)
+        ok = _finite(node)
     elif kind is int:
         ok = isinstance(node, int) and not isinstance(node, bool)
     else:
@@ -70,9 +78,7 @@ def _get(data: dict, path: str, kind, source: str) -> Any:
 
 def _numbers(data: dict, path: str, length: int, source: str) -> list[float]:
     values = _get(data, path, list, source)
-    if len(values) != length or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values
-    ):
+    if len(values) != length or not all(map(_finite, values)):
         raise BundleError(f"{source}: metadata.{path}: expected {length} finite numbers, got {brief(values)}")
     return [float(v) for v in values]
 
@@ -99,7 +105,7 @@ def validate_metadata(meta: Any, source: str) -> None:
         )
     scale = _numbers(meta, "action.scale", act_dim, source)
     if min(scale) < 0:
-        raise BundleError(f"{source}: metadata.action.scale: expected numbers >= 0, got {scale}")
+        raise BundleError(f"{source}: metadata.action.scale: expected numbers >= 0, got {brief(scale)}")
     offset = _numbers(meta, "action.offset", act_dim, source)
     if _get(meta, "control_period", float, source) <= 0:
         raise BundleError(f"{source}: metadata.control_period: expected > 0")
@@ -126,7 +132,7 @@ def robot_from_metadata(meta: dict, source: str, control_period: float | None = 
     for key in ("default_pose", "velocity_limits", "effort_limits", "kp", "kd"):
         columns[key] = _numbers(meta, f"robot.{key}", act_dim, source)
     limits = _get(meta, "robot.position_limits", list, source)
-    bound = lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v))  # noqa: E731
+    bound = lambda v: v is None or _finite(v)  # noqa: E731
     if len(limits) != act_dim or not all(isinstance(p, list) and len(p) == 2 and all(map(bound, p)) for p in limits):
         raise BundleError(
             f"{source}: metadata.robot.position_limits: expected {act_dim} [lower, upper] pairs "

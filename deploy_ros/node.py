@@ -35,10 +35,10 @@ from typing import Any, Literal
 import numpy as np
 
 from q2real.configs import checks
-from q2real.configs.loader import merge, validated
+from q2real.configs.loader import ConfigError, merge, validated
 from q2real.deploy_ros.bundle import BundleError, PolicyBundle, brief, robot_from_metadata
 from q2real.deploy_ros.observation import ObservationBuilder
-from q2real.hardware.spec import RobotSpec, SpecError, differences, load_spec, robot_spec
+from q2real.hardware.spec import RobotSpec, SpecError, differences, load_spec, robot_spec, tighter
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import Command, Shield, ShieldConfig
 
@@ -115,8 +115,8 @@ class NodeConfig:
     def validate(self) -> None:
         if self.control_period is not None:
             checks.number("control_period", self.control_period, above=0.0, at_most=1.0)
-        checks.number("startup_timeout", self.startup_timeout, above=0.0)
-        checks.number("diagnostics_period", self.diagnostics_period, above=0.0)
+        checks.number("startup_timeout", self.startup_timeout, above=0.0, at_most=3600.0)
+        checks.number("diagnostics_period", self.diagnostics_period, above=0.0, at_most=60.0)
         checks.names("extra_joints", self.extra_joints)
         if self.controller is not None:
             checks.ros_name("controller", self.controller)
@@ -129,6 +129,9 @@ class NodeConfig:
         self.topics.validate(self.command_topic())
         try:
             self.shield.validate()
+            # On a robot the ramp is real motion: it takes time and starts only near the default pose.
+            checks.number("ramp_time", self.shield.ramp_time, above=0.0)
+            checks.number("ramp_max_distance", self.shield.ramp_max_distance, above=0.0)
         except ValueError as err:
             raise ValueError(f"shield.{err}") from None
 
@@ -154,6 +157,10 @@ def config_from_parameters(parameters: dict) -> tuple[str, NodeConfig]:
         node = nested
         for parent in parents:
             node = node.setdefault(parent, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"ROS parameters: {key}: '{parent}' is set both as a value and as a section")
+        if isinstance(node.get(leaf), dict):
+            raise ConfigError(f"ROS parameters: {key}: '{leaf}' is set both as a value and as a section")
         node[leaf] = value
     return bundle, validated(merge(NodeConfig(), nested, "ROS parameters"), "ROS parameters")
 
@@ -200,9 +207,8 @@ class PolicyNode:
         source = str(bundle)
         meta = self.bundle.info.metadata
         trained = robot_from_metadata(meta, source)
-        self.robot_mismatch = self._compare_robot(trained, source, meta["robot"]["sha256"])
-        period = config.control_period or trained.control_period
-        self.spec = dataclasses.replace(trained, control_period=period)
+        robot = self._checked_robot(trained, source, meta["robot"]["sha256"])
+        self.spec = dataclasses.replace(robot, control_period=config.control_period or trained.control_period)
         self.period = self.spec.control_period
         self.observation = ObservationBuilder(meta, source)
         self.names = self.spec.joint_names
@@ -229,9 +235,13 @@ class PolicyNode:
         self._state_period = math.inf
         """Smoothed seconds between joint states."""
         self._lock = threading.Lock()
-        self._requests: list[str] = []
-        """Operator requests ('estop', 'reset', 'start') since the last tick, in arrival order."""
-        self._estop_waiting = False
+        self._requests: list[tuple[str, float, str]] = []
+        """Operator requests (kind 'estop', 'reset' or 'start'; time.monotonic() at receipt; reason)
+        since the last tick, in arrival order."""
+        self._estop_event = threading.Event()
+        """Set by an e-stop: wakes the loop out of any wait so the stop is applied at once."""
+        self._latched_at = -math.inf
+        """time.monotonic() when ESTOP last latched; a reset received before it cannot clear it."""
         self._handover = False
         self._autostart = config.autostart
         """Armed until the first e-stop: after one, only an explicit start runs the policy again."""
@@ -244,8 +254,10 @@ class PolicyNode:
         self.ticks = 0
         self.last_flags = 0
 
-    def _compare_robot(self, trained: RobotSpec, source: str, trained_hash: str) -> list[str]:
-        """Refuse a bundle whose robot differs from this machine's spec, unless explicitly allowed."""
+    def _checked_robot(self, trained: RobotSpec, source: str, trained_hash: str) -> RobotSpec:
+        """The robot the shield enforces: the bundle's, when it matches this machine's spec; the
+        tighter of both when a mismatch is explicitly allowed (every difference logged); otherwise
+        the bundle is refused."""
         config = self.config
         try:
             local = local_robot(config, trained)
@@ -257,15 +269,25 @@ class PolicyNode:
         found = differences(trained, local)
         if local.sha256 != trained_hash:
             found.append(f"sha256 (spec + model files): bundle {trained_hash[:12]} vs local {local.sha256[:12]}")
-        if found and not config.allow_robot_mismatch:
+        self.robot_mismatch = found
+        if not found:
+            return trained
+        if not config.allow_robot_mismatch:
             raise BundleError(
                 f"{source}: metadata.robot does not match this machine's spec {local.source} (bundle vs local): "
-                + "; ".join(found)
+                + "; ".join(found)[:2000]
                 + ". Retrain or re-export for this robot, or set allow_robot_mismatch=true to run anyway"
             )
+        try:
+            robot = tighter(trained, local)
+        except SpecError as err:
+            raise BundleError(f"{source}: allow_robot_mismatch: {err}") from err
         for line in found:
-            print(f"warning: {source}: robot mismatch allowed by allow_robot_mismatch: {line}", file=sys.stderr)
-        return found
+            print(
+                f"warning: {source}: robot mismatch allowed (the shield enforces the tighter limits): {line}",
+                file=sys.stderr,
+            )
+        return robot
 
     # --- inputs (any thread) ---------------------------------------------------------------------
     def check_robot(self, names: list[str]) -> None:
@@ -326,13 +348,13 @@ class PolicyNode:
             return "nonfinite: a position or velocity is NaN or infinite (efforts may be NaN)"
         return None
 
-    def on_estop(self, engaged: bool) -> None:
-        """`True` latches ESTOP at the next tick; `False` (a released button) changes nothing: only a
-        reset leaves ESTOP."""
+    def on_estop(self, engaged: bool, reason: str = "e-stop message") -> None:
+        """`True` latches ESTOP at the next tick, which comes at once; `False` (a released button)
+        changes nothing: only a reset leaves ESTOP."""
         if engaged:
-            self._request("estop")
-            self._estop_waiting = True
-            self._arrived.set()  # tick now rather than at the next state
+            self._request("estop", reason)
+            self._estop_event.set()
+            self._arrived.set()
 
     def on_reset(self) -> None:
         """ESTOP, HOLD or DAMP -> PASSIVE at the next tick, unless an e-stop arrives before that tick."""
@@ -344,9 +366,9 @@ class PolicyNode:
         is reported and must be repeated."""
         self._request("start")
 
-    def _request(self, kind: str) -> None:
+    def _request(self, kind: str, reason: str = "") -> None:
         with self._lock:
-            self._requests.append(kind)
+            self._requests.append((kind, time.monotonic(), reason))
 
     def on_task_command(self, values) -> str | None:
         try:
@@ -379,19 +401,18 @@ class PolicyNode:
             obs = self.observation(
                 sample.position[self._obs_rows], sample.velocity[self._obs_rows], self._last_action, self._task_command
             ).copy()
-            began = time.perf_counter()
-            commands = self.bundle(obs)
-            raw = self.bundle.normalized(commands)[0].astype(np.float64)
-            policy_time = time.perf_counter() - began
-            self._last_action[:] = np.clip(raw, -1.0, 1.0)
+            raw, policy_time = self._run_policy(obs)
         n = len(self.names)
         if sample is None:
             q, qd, received = np.full(n, np.nan), np.zeros(n), -math.inf
         else:
             q, qd, received = sample.position[self._spec_rows], sample.velocity[self._spec_rows], sample.received
+        mode = shield.mode
         command = shield.tick(self.names, q, qd, received, now, raw, policy_time)
         if command.mode == Mode.ESTOP:
-            self._autostart = self._handover = False  # the shield latched one itself (e.g. a sensor fault)
+            self._autostart = self._handover = False  # the shield may have latched one itself (a sensor fault)
+            if mode != Mode.ESTOP:
+                self._latched_at = time.monotonic()
         if self.torque:
             # An effort interface has no PD of its own: the shield's damping is applied here.
             measured = q if sample is not None else command.position
@@ -406,6 +427,24 @@ class PolicyNode:
             self.latencies.append(latency)
         return Tick(now, obs, raw, command, values, latency)
 
+    def _run_policy(self, obs: np.ndarray) -> tuple[np.ndarray, float | None]:
+        """The policy's action in [-1, 1] and its run time; a failed run or an output of the wrong
+        shape reaches the shield as an unusable action (never as a broadcast or a first row)."""
+        began = time.perf_counter()
+        try:
+            commands = self.bundle(obs)
+        except Exception as err:  # onnxruntime raises its own types; the shield counts the failure
+            self._refuse(f"policy: the bundle failed on this observation: {err}")
+            return np.full(0, np.nan), None
+        policy_time = time.perf_counter() - began
+        if commands.shape != (1, self._last_action.size):
+            self._refuse(f"policy: output shape {commands.shape}, expected (1, {self._last_action.size})")
+            return np.full(0, np.nan), policy_time
+        raw = self.bundle.normalized(commands)[0].astype(np.float64)
+        if np.isfinite(raw).all():
+            self._last_action[:] = np.clip(raw, -1.0, 1.0)
+        return raw, policy_time
+
     def _apply_requests(self) -> bool:
         """Apply the operator requests received since the last tick; True if a start is to be tried.
 
@@ -414,18 +453,22 @@ class PolicyNode:
         """
         with self._lock:
             requests, self._requests = self._requests, []
-            self._estop_waiting = False
+            self._estop_event.clear()
         if not requests:
             return False
         shield = self.shield
-        if "estop" in requests:
-            shield.estop("e-stop message")
+        estops = [reason for kind, _, reason in requests if kind == "estop"]
+        if estops:
+            if shield.mode != Mode.ESTOP:
+                self._latched_at = time.monotonic()
+            shield.estop(estops[0])
             self._autostart = self._handover = False
             return False
         start = False
-        for kind in requests:
+        for kind, received, _ in requests:
             if kind == "reset":
-                shield.reset()
+                if received > self._latched_at:  # sent after the operator could have seen the stop
+                    shield.reset()
                 self._handover = start = False
             else:
                 start = True
@@ -442,7 +485,7 @@ class PolicyNode:
             if self.config.trigger == "state" and self._state_period > 0.6 * period:
                 sample = self._wait_for_state(next_at - slack, next_at + slack, stop)
             else:
-                _sleep_until(next_at)
+                self._sleep_until(next_at)
                 sample = None
             now = time.monotonic()
             if now > next_at + 0.5 * period:
@@ -455,11 +498,11 @@ class PolicyNode:
 
     def _wait_for_state(self, opens: float, closes: float, stop: threading.Event) -> JointSample | None:
         """The first state not yet used, no earlier than `opens`; None at `closes` or on an e-stop."""
-        _sleep_until(opens)
+        self._sleep_until(opens)
         while not stop.is_set():
             self._arrived.clear()
             latest = self._latest
-            if self._estop_waiting:
+            if self._estop_event.is_set():
                 return None
             if latest is not None and latest is not self._used:
                 return latest
@@ -468,6 +511,12 @@ class PolicyNode:
                 return None
             self._arrived.wait(remaining)
         return None
+
+    def _sleep_until(self, deadline: float) -> None:
+        """Sleep until `deadline`, or less: an e-stop ends the wait so its tick is not a period late."""
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            self._estop_event.wait(remaining)
 
     # --- diagnostics -------------------------------------------------------------------------------
     def diagnostics(self) -> dict[str, Any]:
@@ -497,9 +546,3 @@ class PolicyNode:
 
 def flag_names(flags: int) -> str:
     return "|".join(rule.name for rule in Rule if flags & rule) or "-"
-
-
-def _sleep_until(deadline: float) -> None:
-    remaining = deadline - time.monotonic()
-    if remaining > 0:
-        time.sleep(remaining)

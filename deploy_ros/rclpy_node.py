@@ -112,7 +112,8 @@ def main(args=None) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        node.core.shield.estop("node stopped")
+        executor.shutdown()  # no timer tick may publish after the last command
+        node.core.on_estop(True, "node stopped")  # queued like any e-stop, so no pending reset undoes it
         node.publish(node.core.tick())
         node.destroy_node()
         rclpy.try_shutdown()

@@ -128,7 +128,7 @@ def _serve(
     finally:
         stop.set()
         # A last command in the fallback mode, so the robot is not left on the policy's last action.
-        node.shield.estop("node stopped")
+        node.on_estop(True, "node stopped")  # queued like any e-stop, so no pending reset undoes it
         transport.publish(node.tick())
         transport.close()
         if recorder is not None:

@@ -7,6 +7,7 @@ raises `SpecError` naming the file and the field, because a wrong limit here rea
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import re
@@ -151,8 +152,11 @@ def apply_to_model(spec: RobotSpec, model: mujoco.MjModel) -> None:
 
 def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = False, finite: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(f"{where}: expected a number, got {value!r}")
-    value = float(value)
+        raise SpecError(f"{where}: expected a number, got {value!r:.80}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise SpecError(f"{where}: expected a number that fits a float, got a {value.bit_length()}-bit int") from None
     if math.isnan(value):
         raise SpecError(f"{where}: expected a number, got NaN")
     if positive and not (value > 0 and math.isfinite(value)):
@@ -246,13 +250,15 @@ def build_spec(
         where = locate("control_mode", None, "")
         raise SpecError(f"{where}: expected 'torque' or 'position', got {control_mode!r:.80}")
     period = _number(control_period, locate("control_period", None, ""), positive=True)
+    if period > 1.0:
+        raise SpecError(f"{locate('control_period', None, '')}: {period} s; feedback control needs at most 1 s")
     if not isinstance(joints, list | tuple) or not joints:
         raise SpecError(f"{locate('joints', None, '')}: expected a non-empty list of joints")
     specs = tuple(_joint(j, i, control_mode, locate) for i, j in enumerate(joints))
     names = [j.name for j in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise SpecError(f"{locate('joints', None, '')}: duplicate joint name(s) {dupes}")
+        raise SpecError(f"{locate('joints', None, '')}: duplicate joint name(s) {dupes!r:.200}")
     return RobotSpec(name, model_path, control_mode, period, specs, source)
 
 
@@ -264,12 +270,35 @@ def differences(a: RobotSpec, b: RobotSpec) -> list[str]:
         if getattr(a, key) != getattr(b, key)
     ]
     if a.joint_names != b.joint_names:
-        return [*found, f"joint_names: {a.joint_names} vs {b.joint_names}"]
+        return [*found, f"joint_names: {a.joint_names!r:.200} vs {b.joint_names!r:.200}"]
     for ja, jb in zip(a.joints, b.joints, strict=True):
         for key in ("position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd"):
             if getattr(ja, key) != getattr(jb, key):
                 found.append(f"joints.{ja.name}.{key}: {getattr(ja, key)} vs {getattr(jb, key)}")
     return found
+
+
+def tighter(trained: RobotSpec, local: RobotSpec) -> RobotSpec:
+    """The robot both descriptions allow: the narrower position window and the lower velocity and
+    effort limits per joint, with this machine's default pose and gains; for running a policy on a
+    robot whose spec differs from the one it was trained with. Joints and control mode must agree."""
+    if trained.joint_names != local.joint_names or trained.control_mode != local.control_mode:
+        raise SpecError(
+            f"{local.source}: joints or control mode differ from the bundle's robot "
+            f"({trained.joint_names!r:.200} {trained.control_mode} vs {local.joint_names!r:.200} "
+            f"{local.control_mode}); no override runs a policy on other joints"
+        )
+    joints = []
+    for a, b in zip(trained.joints, local.joints, strict=True):
+        lo, hi = max(a.position_limits[0], b.position_limits[0]), min(a.position_limits[1], b.position_limits[1])
+        if not lo <= b.default_position <= hi:
+            raise SpecError(
+                f"{local.source}: joints.{b.name}: the default pose {b.default_position} lies outside the position "
+                f"window both robots allow [{lo}, {hi}]"
+            )
+        velocity, effort = min(a.velocity_limit, b.velocity_limit), min(a.effort_limit, b.effort_limit)
+        joints.append(dataclasses.replace(b, position_limits=(lo, hi), velocity_limit=velocity, effort_limit=effort))
+    return dataclasses.replace(local, control_period=trained.control_period, joints=tuple(joints))
 
 
 def load_spec(path: str | Path) -> RobotSpec:

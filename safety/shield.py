@@ -58,6 +58,8 @@ class ShieldConfig:
     """Fraction of each bounded joint's range kept free inside the hard limits."""
     position_tolerance: float = 0.05
     """How far (rad or m) a measured position may lie beyond a hard limit before it is a fault."""
+    velocity_fault_factor: float = 10.0
+    """A measured |velocity| above this many times the joint's velocity limit is a sensor fault (ESTOP)."""
     max_state_age: float = 0.1
     """Seconds without a valid, fresh joint state before RUN falls back."""
     deadline: float | None = None
@@ -83,13 +85,15 @@ class ShieldConfig:
         if self.action_offset is not None:
             checks.numbers("action_offset", self.action_offset)
         checks.number("soft_limit_margin", self.soft_limit_margin, at_least=0.0, below=0.5)
-        checks.number("position_tolerance", self.position_tolerance, at_least=0.0)
-        checks.number("max_state_age", self.max_state_age, above=0.0)
+        # Upper bounds too: a tolerance of a kilometre or a state age of an hour switches a rule off.
+        checks.number("position_tolerance", self.position_tolerance, at_least=0.0, at_most=0.5)
+        checks.number("velocity_fault_factor", self.velocity_fault_factor, at_least=1.0, at_most=100.0)
+        checks.number("max_state_age", self.max_state_age, above=0.0, at_most=1.0)
         if self.deadline is not None:
             checks.number("deadline", self.deadline, above=0.0)
-        checks.number("max_deadline_misses", self.max_deadline_misses, at_least=1)
-        checks.number("max_bad_actions", self.max_bad_actions, at_least=1)
-        checks.number("ramp_time", self.ramp_time, at_least=0.0)
+        checks.number("max_deadline_misses", self.max_deadline_misses, at_least=1, at_most=1000)
+        checks.number("max_bad_actions", self.max_bad_actions, at_least=1, at_most=1000)
+        checks.number("ramp_time", self.ramp_time, at_least=0.0, at_most=60.0)
         if self.ramp_max_distance != math.inf:  # inf: ramp from anywhere (simulation only)
             checks.number("ramp_max_distance", self.ramp_max_distance, above=0.0)
         checks.number("damp_kd", self.damp_kd, at_least=0.0)
@@ -295,6 +299,14 @@ class Shield:
         if (q < self.hard_lo - tol).any() or (q > self.hard_hi + tol).any():
             worst = self.names[int(np.argmax(np.maximum(self.hard_lo - q, q - self.hard_hi)))]
             self.estop(f"joint '{worst}' measured beyond its hard limit + {tol}: sensor or calibration fault")
+            return flags | R.STATE_OUT_OF_LIMITS
+        speed = np.abs(qd) / self.max_velocity
+        if (speed > self.config.velocity_fault_factor).any():
+            worst = self.names[int(np.argmax(speed))]
+            self.estop(
+                f"joint '{worst}' measured at {speed.max():.3g} times its velocity limit "
+                f"(fault above {self.config.velocity_fault_factor}): sensor fault"
+            )
             return flags | R.STATE_OUT_OF_LIMITS
         if not flags & R.STATE_STALE:
             # A stamp ahead of the tick's clock must not keep the state fresh past max_state_age.

@@ -123,6 +123,24 @@ def test_the_bundle_loader_and_the_node_refuse_such_bundle_files(panda_bundle, p
             load(bad)
 
 
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        (("control_period",), "metadata.control_period"),
+        (("robot", "velocity_limits"), "metadata.robot.velocity_limits"),
+    ],
+)
+def test_integers_too_large_for_a_float_are_refused_naming_the_field(panda_meta, path, field) -> None:
+    meta = copy.deepcopy(panda_meta)
+    huge = 10**400
+    if len(path) == 1:
+        meta[path[0]] = huge
+    else:
+        meta[path[0]][path[1]][0] = huge
+    with pytest.raises(BundleError, match=field):
+        parse_metadata(json.dumps(meta), "bad.onnx")
+
+
 def test_hostile_fields_are_echoed_only_in_brief(panda_bundle, panda_meta, tmp_path) -> None:
     meta = copy.deepcopy(panda_meta)
     meta["robot"]["joint_names"] = ["x" * 1_000_000] * 7
@@ -137,6 +155,7 @@ def test_hostile_fields_are_echoed_only_in_brief(panda_bundle, panda_meta, tmp_p
         ("[" * 100_000 + "]" * 100_000, "metadata: not valid JSON"),
         ('{"schema_version": 1, "observation": "x"}', "metadata.observation.dim: missing"),
         ("[]", "metadata: expected a JSON object"),
+        ('{"schema_version": 1, "observation": {"dim": 1' + "0" * 400 + "}}", "metadata.action.dim: missing"),
     ],
 )
 def test_unparseable_metadata_is_refused_not_raised_raw(panda_bundle, tmp_path, text, message) -> None:
@@ -191,6 +210,12 @@ def test_a_bundle_whose_robot_differs_from_this_machines_spec_does_not_start(pen
     node = PolicyNode(edited, NodeConfig(allow_robot_mismatch=True))
     assert node.robot_mismatch == ["joints.hinge.velocity_limit: 30.0 vs 12.0"]
     assert node.diagnostics()["values"]["robot_mismatch"].startswith("joints.hinge.velocity_limit")
+    assert node.shield.max_velocity.tolist() == [12.0], "an allowed mismatch must not loosen the robot's limits"
+
+    meta = read_metadata(pendulum_bundle)
+    meta["robot"]["effort_limits"] = [200.0]  # the robot's motor gives 2 N m
+    node = PolicyNode(_rewrite(pendulum_bundle, tmp_path / "strong.onnx", meta), NodeConfig(allow_robot_mismatch=True))
+    assert node.shield.max_effort.tolist() == [2.0]
 
     meta = read_metadata(pendulum_bundle)
     meta["robot"]["sha256"] = "0" * 64  # every field equal, other files

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import DdsNode, wait_for_match
 from q2real.deploy_ros.node import NodeConfig, PolicyNode
-from q2real.safety.flags import Mode
+from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import ShieldConfig
 
 DT = 0.02  # hardware/pendulum control period
@@ -193,3 +193,80 @@ def test_a_megabyte_refusal_is_not_republished_whole(pendulum_bundle) -> None:
     assert len(node.diagnostics()["values"]["last_refusal"]) <= 300
     assert node.on_task_command([math.nan] * 100_000) is not None
     assert len(node.diagnostics()["values"]["last_refusal"]) <= 300
+
+
+def test_the_shutdown_estop_wins_over_a_pending_reset(pendulum_bundle) -> None:
+    node = _node(pendulum_bundle, autostart=True)
+    now = 100.0
+    for _ in range(10):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
+        node.tick(now)
+        now += DT
+    node.on_estop(True)
+    node.tick(now)
+    node.on_reset()  # arrives as the node is stopped: the last command must still be the latched stop
+    node.on_estop(True, "node stopped")
+    last = node.tick(now + DT)
+    assert last.command.mode == Mode.ESTOP
+
+
+def test_a_reset_sent_before_the_shield_latched_a_fault_does_not_clear_it(pendulum_bundle) -> None:
+    node = _node(pendulum_bundle, autostart=True)
+    now = 100.0
+    for _ in range(10):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
+        node.tick(now)
+        now += DT
+    node.on_reset()  # queued for the next tick...
+    node.on_joint_state(["hinge"], [0.1], [1e4], [], received=now)  # ...and this state latches a sensor fault
+    node._apply_requests = lambda: False  # the reset lands after this tick's requests were taken
+    fault = node.tick(now)
+    assert fault.command.mode == Mode.ESTOP and "velocity limit" in fault.command.reason
+    del node._apply_requests
+    node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now + DT)
+    assert node.tick(now + DT).command.mode == Mode.ESTOP
+    node.on_reset()
+    assert node.tick(now + 2 * DT).command.mode == Mode.PASSIVE
+
+
+def test_an_estop_ends_the_loops_wait_at_once(pendulum_bundle) -> None:
+    config = NodeConfig(trigger="timer", control_period=0.5, shield=ShieldConfig(ramp_time=1.0))
+    node = PolicyNode(pendulum_bundle, config)
+    stop = threading.Event()
+    ticks: list[tuple[float, Mode]] = []
+    thread = threading.Thread(target=node.spin, args=(stop, lambda t: ticks.append((time.monotonic(), t.command.mode))))
+    thread.start()
+    try:
+        _wait_for(lambda: len(ticks) >= 1, "the first tick")
+        time.sleep(0.05)
+        sent = time.monotonic()
+        node.on_estop(True)
+        _wait_for(lambda: ticks[-1][1] == Mode.ESTOP, "ESTOP", timeout=2.0)
+    finally:
+        stop.set()
+        node.on_estop(True)
+        thread.join(5)
+    latched = next(t for t, mode in ticks if mode == Mode.ESTOP)
+    assert latched - sent < 0.1, f"the e-stop waited {latched - sent:.3f} s for a 0.5 s period"
+
+
+def test_a_policy_that_fails_or_misshapes_at_run_time_never_reaches_the_robot(pendulum_bundle) -> None:
+    node = _node(pendulum_bundle, autostart=True)
+    now = 100.0
+    for _ in range(10):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
+        node.tick(now)
+        now += DT
+    assert node.shield.mode == Mode.RUN
+
+    def fails(*_):
+        raise RuntimeError("onnxruntime: invalid input")
+
+    # onnxruntime cannot be made to do either on a valid graph: its run is replaced for these ticks.
+    for run, reason in [(fails, "policy: the bundle failed"), (lambda *_: [np.ones((3, 1), np.float32)], "shape")]:
+        node.bundle.session.run = run
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
+        tick = node.tick(now)
+        now += DT
+        assert tick.command.flags & (Rule.DEADLINE_MISS | Rule.ACTION_SHAPE), tick.command.flags
+        assert reason in node.last_refusal and np.isfinite(tick.values).all()

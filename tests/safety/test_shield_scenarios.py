@@ -10,6 +10,7 @@ import pytest
 
 from q2real.hardware import JointSpec, RobotSpec, robot_spec
 from q2real.safety import Mode, Rule, Shield, ShieldConfig
+from q2real.safety.limits import gain_scale
 
 DT = 0.01
 
@@ -261,11 +262,11 @@ def _continuous_position_spec(tmp_path: Path):
     return load_spec(tmp_path / "robot.yaml")
 
 
-def test_a_continuous_joint_read_near_float_max_gets_zero_gains_not_nan(tmp_path: Path) -> None:
+def test_a_continuous_joint_read_near_float_max_gets_finite_commands(tmp_path: Path) -> None:
     spec = _continuous_position_spec(tmp_path)
     shield = Shield(spec, ShieldConfig(ramp_time=0.02))
     now = 0.0
-    for q, qd in [(0.0, 0.0), (0.0, 0.0), (1e308, 1e308), (-1e308, 1e308), (1e308, -1e308)]:
+    for q, qd in [(0.0, 0.0), (0.0, 0.0), (1e308, 0.0), (-1e308, 1.0), (1e308, -1.0)]:
         now += spec.control_period
         cmd = shield.tick(["slider"], [q], [qd], now, now, None)
         if shield.mode == Mode.PASSIVE:
@@ -273,6 +274,16 @@ def test_a_continuous_joint_read_near_float_max_gets_zero_gains_not_nan(tmp_path
         for value in (cmd.position, cmd.kp, cmd.kd, cmd.effort):
             assert np.isfinite(value).all(), cmd
     assert cmd.kp[0] == 0.0 and cmd.flags & Rule.GAIN_REDUCED
+    # A velocity no joint can have is a sensor fault, not a number to compute with.
+    now += spec.control_period
+    cmd = shield.tick(["slider"], [1e308], [1e308], now, now, None)
+    assert cmd.mode == Mode.ESTOP and "velocity limit" in cmd.reason and np.isfinite(cmd.position).all()
+
+
+def test_gain_scaling_treats_an_overflowing_torque_as_over_the_limit() -> None:
+    # kp (target - q) = +inf and kd qd = +inf: the torque is inf - inf = NaN, which compares false.
+    scale = gain_scale(np.zeros(1), np.array([-1e308]), np.array([1e308]), np.array([200.0]), np.array([10.0]), 50.0)
+    assert scale.tolist() == [0.0]
 
 
 def test_a_state_stamped_ahead_of_the_clock_keeps_it_fresh_no_longer_than_max_state_age() -> None:
