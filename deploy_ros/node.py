@@ -464,12 +464,17 @@ class PolicyNode:
             shield.estop(estops[0])
             self._autostart = self._handover = False
             return False
-        start = False
-        for kind, received, _ in requests:
+        start = left_estop = False
+        for kind, received, reason in requests:
             if kind == "reset":
                 if received > self._latched_at:  # sent after the operator could have seen the stop
+                    left_estop |= shield.mode == Mode.ESTOP
                     shield.reset()
                 self._handover = start = False
+            elif left_estop:
+                # Out of ESTOP for one tick first: a start in the reset's tick is tried at the next.
+                with self._lock:
+                    self._requests.insert(0, (kind, received, reason))
             else:
                 start = True
         return start

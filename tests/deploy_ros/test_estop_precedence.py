@@ -28,6 +28,18 @@ def _node(bundle, autostart: bool) -> PolicyNode:
     return PolicyNode(bundle, NodeConfig(autostart=autostart, shield=ShieldConfig(ramp_time=2 * DT)))
 
 
+def _running(bundle) -> tuple[PolicyNode, float]:
+    """An autostarted node in RUN on a synthetic clock, and the clock's time."""
+    node = _node(bundle, autostart=True)
+    now = 100.0
+    for _ in range(10):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
+        node.tick(now)
+        now += DT
+    assert node.shield.mode == Mode.RUN
+    return node, now
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     autostart=st.booleans(),
@@ -38,7 +50,7 @@ def test_no_request_that_races_an_estop_undoes_it(pendulum_bundle, autostart, ev
     node = _node(pendulum_bundle, autostart)
     now = 100.0
     since_tick: list[str] = []
-    stopped_once = False
+    stopped_once = deferred = False
     for k, event in enumerate([*events, "tick"]):
         if event == "estop":
             node.on_estop(True)
@@ -65,9 +77,12 @@ def test_no_request_that_races_an_estop_undoes_it(pendulum_bundle, autostart, ev
             assert after in (Mode.ESTOP, Mode.PASSIVE), (since_tick, after)
             if "reset" not in since_tick or "estop" in since_tick:
                 assert after == Mode.ESTOP, (since_tick, after)
+        started = "start" in since_tick[_last(since_tick, "reset") + 1 :]
         if before != Mode.RAMP and after == Mode.RAMP:
-            explicit = "start" in since_tick[_last(since_tick, "reset") + 1 :]
+            explicit = started or (deferred and "reset" not in since_tick and "estop" not in since_tick)
             assert explicit or (autostart and not stopped_once), (since_tick, autostart, stopped_once)
+        # A start sent with the reset that left ESTOP is tried one tick later.
+        deferred = before == Mode.ESTOP and after == Mode.PASSIVE and started
         if after == Mode.RUN:
             assert before in (Mode.RAMP, Mode.RUN), (before, after)
         stopped_once |= after == Mode.ESTOP
@@ -77,6 +92,19 @@ def test_no_request_that_races_an_estop_undoes_it(pendulum_bundle, autostart, ev
 
 def _last(items: list[str], item: str) -> int:
     return max((i for i, x in enumerate(items) if x == item), default=-1)
+
+
+def test_estop_leads_only_to_passive_and_a_start_sent_with_the_reset_follows_a_tick_later(pendulum_bundle) -> None:
+    node, now = _running(pendulum_bundle)
+    node.on_estop(True)
+    assert node.tick(now).command.mode == Mode.ESTOP
+    node.on_reset()
+    node.start()
+    modes = []
+    for i in range(1, 4):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now + i * DT)
+        modes.append(node.tick(now + i * DT).command.mode)
+    assert modes == [Mode.PASSIVE, Mode.RAMP, Mode.RAMP]
 
 
 def test_a_start_pressed_before_an_estop_does_not_fire_after_the_reset(pendulum_bundle) -> None:
@@ -196,12 +224,7 @@ def test_a_megabyte_refusal_is_not_republished_whole(pendulum_bundle) -> None:
 
 
 def test_the_shutdown_estop_wins_over_a_pending_reset(pendulum_bundle) -> None:
-    node = _node(pendulum_bundle, autostart=True)
-    now = 100.0
-    for _ in range(10):
-        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
-        node.tick(now)
-        now += DT
+    node, now = _running(pendulum_bundle)
     node.on_estop(True)
     node.tick(now)
     node.on_reset()  # arrives as the node is stopped: the last command must still be the latched stop
@@ -211,12 +234,7 @@ def test_the_shutdown_estop_wins_over_a_pending_reset(pendulum_bundle) -> None:
 
 
 def test_a_reset_sent_before_the_shield_latched_a_fault_does_not_clear_it(pendulum_bundle) -> None:
-    node = _node(pendulum_bundle, autostart=True)
-    now = 100.0
-    for _ in range(10):
-        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
-        node.tick(now)
-        now += DT
+    node, now = _running(pendulum_bundle)
     node.on_reset()  # queued for the next tick...
     node.on_joint_state(["hinge"], [0.1], [1e4], [], received=now)  # ...and this state latches a sensor fault
     node._apply_requests = lambda: False  # the reset lands after this tick's requests were taken
@@ -251,13 +269,7 @@ def test_an_estop_ends_the_loops_wait_at_once(pendulum_bundle) -> None:
 
 
 def test_a_policy_that_fails_or_misshapes_at_run_time_never_reaches_the_robot(pendulum_bundle) -> None:
-    node = _node(pendulum_bundle, autostart=True)
-    now = 100.0
-    for _ in range(10):
-        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
-        node.tick(now)
-        now += DT
-    assert node.shield.mode == Mode.RUN
+    node, now = _running(pendulum_bundle)
 
     def fails(*_):
         raise RuntimeError("onnxruntime: invalid input")
