@@ -6,8 +6,18 @@ import os
 
 import pytest
 
+SLOW_FIXTURES = {"trained_pendulum", "trained_bundle"}
+"""Fixtures that train to a return threshold: every test using one is in the slow tier."""
+
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """MJX compiles and trained-policy fixtures make a test slow wherever it lives."""
+    for item in items:
+        if item.get_closest_marker("mjx") or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,8 @@ import pytest
 from q2real.agents.train import TrainConfig, train
 from q2real.configs.loader import load
 
+pytestmark = pytest.mark.slow  # learning runs to a return threshold
+
 SAC_128 = ["sac.actor_hidden=[128,128]", "sac.critic_hidden=[128,128]"]
 CASES = {
     "td3": ("td3", 35_000, 200.0, ["td3.actor_hidden=[128,128]", "td3.critic_hidden=[128,128]", "threads=2"]),

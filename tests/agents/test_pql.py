@@ -20,6 +20,8 @@ from q2real.agents.pql import POLICY, LearnerError
 from q2real.agents.train import Callback, TrainConfig, Trainer, resume, train
 from q2real.configs.loader import load
 
+pytestmark = pytest.mark.slow  # learner processes
+
 
 def _config(tmp_path: Path, *extra: str) -> TrainConfig:
     overrides = ["pql.enabled=true", "total_steps=4000", "warmup_steps=600", "eval_every=0", "eval_envs=2"]

@@ -54,6 +54,7 @@ class Crash(Callback):
             raise RuntimeError("simulated crash")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["sac", "td3", "flashsac"])
 def test_same_seed_same_result_and_resume_after_crash_is_exact(tmp_path: Path, algo: str) -> None:
     straight = train(small(tmp_path, "a", algo))
@@ -96,6 +97,7 @@ def test_non_finite_loss_stops_training_naming_it_and_the_last_checkpoint(tmp_pa
     assert all(torch.isfinite(v).all() for v in state["agent"].values() if v.is_floating_point())
 
 
+@pytest.mark.slow
 def test_kill_minus_nine_leaves_a_loadable_checkpoint_and_resume_finishes(tmp_path: Path) -> None:
     config = small(tmp_path, "k", "sac", ("total_steps=200000", "checkpoint_every=100", "log.interval_steps=100"))
     preset = tmp_path / "k.yaml"

@@ -23,6 +23,8 @@ from q2real.deploy_ros.session import start_sim_robot
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig
 
+pytestmark = pytest.mark.slow  # real-time DDS against the sim robot process
+
 PERIOD = 0.02  # hardware/pendulum control period
 
 

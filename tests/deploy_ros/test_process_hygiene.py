@@ -129,6 +129,7 @@ def test_no_joint_state_within_the_startup_timeout_stops_the_sim_robot(pendulum_
     assert not [p.pid for p in spawned if _alive(p.pid)] and not _sim_robots(os.getpid())
 
 
+@pytest.mark.slow
 def test_the_sim_robot_exits_when_q2real_deploy_is_killed(pendulum_bundle, dds_domain, tmp_path):
     command = [sys.executable, "-m", "q2real.configs.cli", "deploy", str(pendulum_bundle), "--sim", "--duration", "60"]
     rng = random.Random()

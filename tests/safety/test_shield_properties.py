@@ -6,6 +6,7 @@ itself. Hypothesis picks specs and event mixes; each example then plays out TICK
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ def _value(rng: np.random.Generator, nasty: float, scale: float) -> float:
     return float(rng.normal(0, scale))
 
 
+@pytest.mark.slow  # 110k fuzzed ticks
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -98,6 +100,7 @@ def test_every_command_respects_the_limits(spec_factory, seed, joints, mode, fal
 MODES_SEEN: set = set()
 
 
+@pytest.mark.slow  # reads what the slow property test above recorded
 def test_the_generated_ticks_reached_every_mode() -> None:
     """Guards the property test above against vacuity: its event mix must drive the shield through
     every mode (this test runs after it in file order)."""

@@ -14,6 +14,8 @@ pytest.importorskip(
 from q2real.agents.common.episodes import EpisodeTracker  # noqa: E402
 from q2real.sim import make  # noqa: E402
 
+pytestmark = pytest.mark.slow  # robosuite worker processes
+
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("task", "object_dim"), [("Lift", 10), ("Door", 14)])
