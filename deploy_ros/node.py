@@ -219,9 +219,10 @@ class PolicyNode:
         self._spec_rows = np.arange(len(self.names))
         self._obs_rows = np.array([self._index[j] for j in self.observation.joints], dtype=np.intp)
         action = meta["action"]
-        shield_config = config.shield
-        shield_config.action_scale = tuple(action["scale"])
-        shield_config.action_offset = tuple(action["offset"])
+        # The action mapping is the bundle's; the caller's config is left as it was handed over.
+        shield_config = dataclasses.replace(
+            config.shield, action_scale=tuple(action["scale"]), action_offset=tuple(action["offset"])
+        )
         if shield_config.workspace_points:
             raise BundleError(f"{source}: shield.workspace_points: the bundle carries no MJCF for forward kinematics")
         self.shield = Shield(self.spec, shield_config)

@@ -129,3 +129,10 @@ def test_a_parameter_set_both_as_a_value_and_as_a_section_is_refused() -> None:
         config_from_parameters({"policy.path": "p.onnx", "shield": 1, "shield.ramp_time": 1.0})
     with pytest.raises(ConfigError, match="ROS parameters: shield: 'shield' is set both"):
         config_from_parameters({"policy.path": "p.onnx", "shield.ramp_time": 1.0, "shield": 1})
+
+
+def test_the_node_leaves_the_config_it_was_handed_unchanged(pendulum_bundle) -> None:
+    config = NodeConfig()
+    node = PolicyNode(pendulum_bundle, config)
+    assert config.shield.action_scale is None and config.shield.action_offset is None
+    assert node.shield.scale.tolist() == [2.0]  # the bundle's mapping: pendulum effort limit
