@@ -104,19 +104,14 @@ def test_clean_checkpoint_round_trips(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_flipped_byte_in_a_weight_is_refused(run: Path) -> None:
+@pytest.mark.parametrize(
+    ("tensor", "byte"),
+    [(lambda state: state["agent"]["actor.body.0.weight"], 5), (lambda state: state["replay"]["data"]["obs"][:10], 17)],
+    ids=["weight", "replay"],
+)
+def test_flipped_byte_in_a_tensor_is_refused(run: Path, tensor, byte: int) -> None:
     path = run / "checkpoint.pt"
-    weight = load_checkpoint(path)["agent"]["actor.body.0.weight"]
-    flip(path, offset_of(path, weight) + 5)
-    with refused(path) as err:
-        load_checkpoint(path)
-    assert "corrupted" in str(err.value)
-
-
-def test_flipped_byte_in_replay_is_refused(run: Path) -> None:
-    path = run / "checkpoint.pt"
-    obs = load_checkpoint(path)["replay"]["data"]["obs"][:10]
-    flip(path, offset_of(path, obs) + 17)
+    flip(path, offset_of(path, tensor(load_checkpoint(path))) + byte)
     with refused(path) as err:
         load_checkpoint(path)
     assert "corrupted" in str(err.value)
