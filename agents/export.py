@@ -2,8 +2,8 @@
 
 The observation normalizer and the action-to-command scaling are baked into the graph, as rsl_rl
 does, so the robot side feeds raw observations and gets joint commands; the metadata is written
-into the ONNX file and to an identical JSON sidecar. Loading and validation live in
-`q2real.deploy_ros.bundle`, which does not need torch.
+into the ONNX file and to an identical JSON sidecar. The document's schema and its validation live in
+`q2real.deploy_ros.schema`, which the robot side reads too; neither needs the other's runtime.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
 from q2real.agents.common.run_dir import git_state
 from q2real.agents.train import TrainConfig, build_agent, check_agent_checkpoint
 from q2real.configs.loader import load, to_dict
-from q2real.deploy_ros.bundle import METADATA_KEY, SCHEMA_VERSION, read_metadata
+from q2real.deploy_ros.schema import METADATA_KEY, SCHEMA_VERSION, read_metadata, robot_metadata
 from q2real.sim import VecEnv, make
 
 # Opset 17 runs on every onnxruntime from 1.14 on, including the ARM builds robot computers ship.
@@ -50,29 +49,12 @@ class DeployPolicy(nn.Module):
 def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int) -> dict:
     """The metadata document; every number at full precision (JSON floats are float64)."""
     spec = getattr(env, "spec", None)
-    robot = None
-    if spec is not None:
-        robot = {
-            "name": spec.name,
-            "sha256": spec.sha256,
-            "control_mode": spec.control_mode,
-            "joint_names": spec.joint_names,
-            "default_pose": spec.array("default_position").tolist(),
-            # JSON has no infinity; an unbounded side (continuous joint) is null.
-            "position_limits": [
-                [x if math.isfinite(x) else None for x in pair] for pair in spec.array("position_limits").tolist()
-            ],
-            "velocity_limits": spec.array("velocity_limit").tolist(),
-            "effort_limits": spec.array("effort_limit").tolist(),
-            "kp": spec.array("kp").tolist(),
-            "kd": spec.array("kd").tolist(),
-        }
     if env.control_period is None:
         raise ValueError(f"{config.env.task}: the env does not say its control period; a bundle needs one")
     return {
         "schema_version": SCHEMA_VERSION,
         "task": config.env.task,
-        "robot": robot,
+        "robot": robot_metadata(spec) if spec is not None else None,
         "control_period": env.control_period,
         "observation": {
             "dim": env.obs_dim,

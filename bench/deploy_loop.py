@@ -96,7 +96,7 @@ def robot_loop(rate: float, seconds: float, warmup: float) -> dict[str, float]:
 
 def node_process(bundle: Path, rate: float, seconds: float) -> subprocess.Popen:
     overrides = [f"control_period={1.0 / rate}", "autostart=true", "shield.ramp_time=0.05", "startup_timeout=30"]
-    command = [sys.executable, "-m", "q2real.configs.cli", "deploy", str(bundle), "--duration", str(seconds)]
+    command = [sys.executable, "-m", "q2real.cli.main", "deploy", str(bundle), "--duration", str(seconds)]
     return subprocess.Popen(command + overrides, stdout=subprocess.DEVNULL)
 
 

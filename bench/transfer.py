@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from q2real.agents.train import TrainConfig, train
-from q2real.agents.transfer import run_gate
 from q2real.configs.loader import load
+from q2real.gate.transfer import run_gate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REACH_DR = [

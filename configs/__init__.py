@@ -1,1 +1,1 @@
-"""Typed experiment configs, presets and the `q2real` command line."""
+"""Typed experiment configs (loader, range checks) and presets; the bottom layer every package may import."""

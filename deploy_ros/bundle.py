@@ -10,192 +10,14 @@ facts' validator in `q2real.hardware`, which every robot section passes exactly 
 
 from __future__ import annotations
 
-import json
-import math
-import reprlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from q2real.hardware.spec import RobotSpec, SpecError, build_spec
+from q2real.deploy_ros.schema import METADATA_KEY, BundleError, BundleInfo, parse_metadata
 
-SCHEMA_VERSION = 1
-METADATA_KEY = "q2real"
 FLOAT_TENSORS = ("tensor(float)", "tensor(double)")
-_ROBOT_ARRAYS = {
-    "name": "joint_names",
-    "position_limits": "position_limits",
-    "velocity_limit": "velocity_limits",
-    "effort_limit": "effort_limits",
-    "default_position": "default_pose",
-    "kp": "kp",
-    "kd": "kd",
-}
-"""JointSpec field -> the per-joint list in a bundle's robot section that holds it."""
-
-
-class BundleError(ValueError):
-    """A bundle is unreadable, malformed, from another schema version, or disagrees with itself."""
-
-
-_BRIEF = reprlib.Repr()
-_BRIEF.maxlist = _BRIEF.maxdict = _BRIEF.maxtuple = 8
-_BRIEF.maxstring = _BRIEF.maxother = 80
-
-
-def brief(value: Any) -> str:
-    """A bounded repr for error messages: a hostile field must not become a megabyte of log."""
-    return _BRIEF.repr(value)
-
-
-def _finite(value: Any) -> bool:
-    """A finite JSON number; an integer too large for a float (JSON allows any digits) is not."""
-    try:
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    except OverflowError:
-        return False
-
-
-def _get(data: dict, path: str, kind, source: str) -> Any:
-    node: Any = data
-    for key in path.split("."):
-        if not isinstance(node, dict) or key not in node:
-            raise BundleError(f"{source}: metadata.{path}: missing")
-        node = node[key]
-    if kind is float:
-        ok = _finite(node)
-    elif kind is int:
-        ok = isinstance(node, int) and not isinstance(node, bool)
-    else:
-        ok = isinstance(node, kind)
-    if not ok:
-        raise BundleError(f"{source}: metadata.{path}: expected {getattr(kind, '__name__', kind)}, got {brief(node)}")
-    return node
-
-
-def _numbers(data: dict, path: str, length: int, source: str) -> list[float]:
-    values = _get(data, path, list, source)
-    if len(values) != length or not all(map(_finite, values)):
-        raise BundleError(f"{source}: metadata.{path}: expected {length} finite numbers, got {brief(values)}")
-    return [float(v) for v in values]
-
-
-def validate_metadata(meta: Any, source: str) -> None:
-    """Raise BundleError naming the first field that is missing, mistyped or inconsistent."""
-    if not isinstance(meta, dict):
-        raise BundleError(f"{source}: metadata: expected a JSON object")
-    version = _get(meta, "schema_version", int, source)
-    if version != SCHEMA_VERSION:
-        raise BundleError(f"{source}: metadata.schema_version: {version}, this q2real reads {SCHEMA_VERSION}")
-    obs_dim = _get(meta, "observation.dim", int, source)
-    act_dim = _get(meta, "action.dim", int, source)
-    if obs_dim < 1 or act_dim < 1:
-        raise BundleError(f"{source}: metadata.observation.dim/action.dim: expected >= 1")
-    terms = _get(meta, "observation.terms", list, source)
-    for i, term in enumerate(terms):
-        _get(term if isinstance(term, dict) else {}, "name", str, f"{source}: observation.terms[{i}]")
-        if _get(term, "dim", int, f"{source}: observation.terms[{i}]") < 1:
-            raise BundleError(f"{source}: metadata.observation.terms[{i}].dim: expected >= 1, got {term['dim']}")
-    if sum(t["dim"] for t in terms) != obs_dim:
-        raise BundleError(
-            f"{source}: metadata.observation.terms: dims sum to {sum(t['dim'] for t in terms)}, not {obs_dim}"
-        )
-    scale = _numbers(meta, "action.scale", act_dim, source)
-    if min(scale) < 0:
-        raise BundleError(f"{source}: metadata.action.scale: expected numbers >= 0, got {brief(scale)}")
-    offset = _numbers(meta, "action.offset", act_dim, source)
-    if _get(meta, "control_period", float, source) <= 0:
-        raise BundleError(f"{source}: metadata.control_period: expected > 0")
-    if meta.get("robot") is not None:
-        robot = robot_from_metadata(meta, source)
-        _check_action_range(robot, scale, offset, source)
-
-
-def robot_from_metadata(meta: dict, source: str, control_period: float | None = None) -> RobotSpec:
-    """The robot as the bundle describes it, validated by the same rules as a spec file.
-
-    The node reads nothing else about the robot. The bundle carries no MJCF, so `model_path` is the
-    bundle itself and shield features that need the model (workspace forward kinematics) are
-    unavailable on the node.
-    """
-    robot = meta.get("robot")
-    if not isinstance(robot, dict):
-        raise BundleError(f"{source}: metadata.robot: missing; the node needs the robot's joints and limits")
-    act_dim = _get(meta, "action.dim", int, source)
-    names = _get(meta, "robot.joint_names", list, source)
-    if len(names) != act_dim:
-        raise BundleError(f"{source}: metadata.robot.joint_names: expected {act_dim} names, got {brief(names)}")
-    columns = {"joint_names": names}
-    for key in ("default_pose", "velocity_limits", "effort_limits", "kp", "kd"):
-        columns[key] = _numbers(meta, f"robot.{key}", act_dim, source)
-    limits = _get(meta, "robot.position_limits", list, source)
-    bound = lambda v: v is None or _finite(v)  # noqa: E731
-    if len(limits) != act_dim or not all(isinstance(p, list) and len(p) == 2 and all(map(bound, p)) for p in limits):
-        raise BundleError(
-            f"{source}: metadata.robot.position_limits: expected {act_dim} [lower, upper] pairs "
-            "(numbers, or null for an unbounded side)"
-        )
-    columns["position_limits"] = [
-        (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi)) for lo, hi in limits
-    ]
-    joints = [{field: columns[key][i] for field, key in _ROBOT_ARRAYS.items()} for i in range(act_dim)]
-    digest = _get(meta, "robot.sha256", str, source)
-    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-        raise BundleError(f"{source}: metadata.robot.sha256: expected 64 lowercase hex digits, got {brief(digest)}")
-
-    def locate(key: str, i: int | None, joint: str) -> str:
-        if i is None:
-            path = {"control_period": "control_period", "joints": "robot.joint_names"}.get(key, f"robot.{key}")
-            return f"{source}: metadata.{path}"
-        return f"{source}: metadata.robot.{_ROBOT_ARRAYS.get(key, key)}[{i}]" + (
-            f" (joint {joint!r})" if key != "name" else ""
-        )
-
-    try:
-        return build_spec(
-            robot.get("name"),
-            robot.get("control_mode"),
-            meta["control_period"] if control_period is None else control_period,
-            joints,
-            locate,
-            Path(source),
-            Path(source),
-        )
-    except SpecError as err:
-        raise BundleError(str(err)) from err
-
-
-def _check_action_range(robot: RobotSpec, scale: list[float], offset: list[float], source: str) -> None:
-    """The action mapping's centre must be a command the robot may receive."""
-    for i, joint in enumerate(robot.joints):
-        lo, hi = (-joint.effort_limit, joint.effort_limit) if robot.control_mode == "torque" else joint.position_limits
-        if not lo <= offset[i] <= hi:
-            raise BundleError(
-                f"{source}: metadata.action.offset[{i}] (joint {joint.name!r}): {offset[i]} lies outside "
-                f"[{lo}, {hi}] ({'effort' if robot.control_mode == 'torque' else 'position'} limits)"
-            )
-
-
-def parse_metadata(raw: str, source: str) -> dict[str, Any]:
-    """The metadata document, validated; a refusal names the bundle and the field."""
-    try:
-        meta = json.loads(raw)  # NaN and Infinity parse; the field checks then name where they are
-    except (ValueError, RecursionError) as err:
-        raise BundleError(f"{source}: metadata: not valid JSON ({err})") from err
-    validate_metadata(meta, source)
-    return meta
-
-
-@dataclass(frozen=True)
-class BundleInfo:
-    obs_dim: int
-    action_dim: int
-    control_period: float
-    joint_names: tuple[str, ...] | None
-    metadata: dict[str, Any]
 
 
 class PolicyBundle:
@@ -221,14 +43,7 @@ class PolicyBundle:
             raise BundleError(f"{source}: metadata: no '{METADATA_KEY}' entry in the ONNX metadata_props")
         meta = parse_metadata(raw, source)
         self._check_io(meta, source)
-        robot = meta.get("robot")
-        self.info = BundleInfo(
-            obs_dim=meta["observation"]["dim"],
-            action_dim=meta["action"]["dim"],
-            control_period=float(meta["control_period"]),
-            joint_names=tuple(robot["joint_names"]) if robot else None,
-            metadata=meta,
-        )
+        self.info = BundleInfo.of(meta)
         self._scale = np.asarray(meta["action"]["scale"], dtype=np.float32)
         self._offset = np.asarray(meta["action"]["offset"], dtype=np.float32)
         zeros = np.zeros((1, self.info.obs_dim), dtype=np.float32)
@@ -276,18 +91,3 @@ class PolicyBundle:
     def normalized(self, commands: np.ndarray) -> np.ndarray:
         """Back from joint commands to the policy's [-1, 1] action space (for evaluating in sim)."""
         return (commands - self._offset) / self._scale
-
-
-def read_metadata(path: str | Path) -> dict[str, Any]:
-    """The bundle's metadata from the ONNX file itself (validated), without creating a session."""
-    import onnx
-
-    source = str(path)
-    try:
-        model = onnx.load(source, load_external_data=False)
-    except Exception as err:
-        raise BundleError(f"{source}: not an ONNX file: {err}") from err
-    entries = {p.key: p.value for p in model.metadata_props}
-    if METADATA_KEY not in entries:
-        raise BundleError(f"{source}: metadata: no '{METADATA_KEY}' entry in the ONNX metadata_props")
-    return parse_metadata(entries[METADATA_KEY], source)

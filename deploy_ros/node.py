@@ -36,8 +36,9 @@ import numpy as np
 
 from q2real.configs import checks
 from q2real.configs.loader import ConfigError, merge, validated
-from q2real.deploy_ros.bundle import BundleError, PolicyBundle, brief, robot_from_metadata
+from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.observation import ObservationBuilder
+from q2real.deploy_ros.schema import BundleError, brief, robot_from_metadata
 from q2real.hardware.spec import RobotSpec, SpecError, differences, load_spec, robot_spec, tighter
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import Command, Shield, ShieldConfig

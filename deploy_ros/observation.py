@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from q2real.deploy_ros.bundle import BundleError, brief
+from q2real.deploy_ros.schema import BundleError, brief
 
 JOINT_KINDS = ("joint_position", "joint_velocity", "joint_position_cos_sin")
 KINDS = (*JOINT_KINDS, "last_action", "command")

@@ -1,6 +1,6 @@
 """`q2real deploy`: a bundle on a robot over DDS, optionally against the sim-in-the-loop robot.
 
-With `sim=True` the robot is `q2real.hardware.sim_robot` in its own process (the bundle's robot,
+With `sim=True` the robot is `q2real.deploy_ros.sim_robot` in its own process (the bundle's robot,
 loopback DDS), started before the node and stopped on every way out of `deploy`, start-up failures
 included; it also exits by itself if this process dies. Otherwise the node waits for a real robot's
 joint states. Ctrl-C, the duration running out, or an error stops the node, which then
@@ -41,7 +41,7 @@ def start_sim_robot(robot: str, config: NodeConfig, rate: float | None = None, e
     The child watches this process (`--parent-pid`) and exits when it dies, even by SIGKILL, so
     that no robot is left publishing joint states on the wire with nobody commanding it.
     """
-    command = [sys.executable, "-m", "q2real.hardware.sim_robot", robot, "--loopback"]
+    command = [sys.executable, "-m", "q2real.deploy_ros.sim_robot", robot, "--loopback"]
     command += ["--command-style", config.command_style, "--parent-pid", str(os.getpid())]
     if rate is not None:
         command += ["--rate", str(rate)]

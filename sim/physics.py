@@ -29,8 +29,9 @@ class PhysicsBackend(Protocol):
     num_envs: int
     device: torch.device
 
-    def step(self, ctrl: torch.Tensor) -> PhysicsState:
-        """Hold `ctrl` (num_envs, nu) for one control period (the spec's substeps) and return the state."""
+    def step(self, ctrl: torch.Tensor, xfrc: torch.Tensor | None = None) -> PhysicsState:
+        """Hold `ctrl` (num_envs, nu) and the body wrenches `xfrc` (num_envs, nbody, 6; None: no external
+        forces) for one control period (the spec's substeps) and return the state."""
         ...
 
     def set_state(self, mask: torch.Tensor, qpos: torch.Tensor, qvel: torch.Tensor) -> PhysicsState:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ["sim", "agents", "residual", "safety", "deploy_ros", "configs", "hardware"]
+FOLDERS = ["sim", "agents", "residual", "safety", "deploy_ros", "configs", "hardware", "gate", "cli"]
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

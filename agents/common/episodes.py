@@ -47,9 +47,19 @@ class EpisodeTracker:
         return means
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"running": self._running, "finished": self._finished, "count": self._count}
+        return {
+            "running": self._running,
+            "finished": self._finished,
+            "count": self._count,
+            "success_running": self._success_running,
+            "success_finished": self._success_finished,
+            "reports_success": torch.tensor(self._reports_success),
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self._running.copy_(state["running"])
         self._finished.copy_(state["finished"])
         self._count.copy_(state["count"])
+        self._success_running.copy_(state["success_running"])
+        self._success_finished.copy_(state["success_finished"])
+        self._reports_success = bool(state["reports_success"])

@@ -19,7 +19,7 @@ from q2real.agents.common.checkpoint import MAGIC, check_shapes, load_checkpoint
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import LogConfig, RunDir
 from q2real.agents.train import TrainConfig, Trainer, resume, train
-from q2real.configs.cli import main
+from q2real.cli.main import main
 from q2real.configs.loader import load
 
 

@@ -102,7 +102,7 @@ def test_kill_minus_nine_leaves_a_loadable_checkpoint_and_resume_finishes(tmp_pa
     config = small(tmp_path, "k", "sac", ("total_steps=200000", "checkpoint_every=100", "log.interval_steps=100"))
     preset = tmp_path / "k.yaml"
     preset.write_text(yaml.safe_dump(to_dict(config)))
-    code = "import sys; from q2real.configs.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from q2real.cli.main import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "train", "--preset", str(preset)],
         stdout=subprocess.DEVNULL,

@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from q2real.configs.cli import main
-from q2real.deploy_ros.bundle import METADATA_KEY, BundleError, PolicyBundle, parse_metadata, read_metadata
+from q2real.cli.main import main
+from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.node import NodeConfig, PolicyNode
+from q2real.deploy_ros.schema import METADATA_KEY, BundleError, parse_metadata, read_metadata
 
 
 @pytest.fixture(scope="module")

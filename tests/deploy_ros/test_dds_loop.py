@@ -14,11 +14,11 @@ import pytest
 from rosbags.rosbag2 import Reader
 from rosbags.typesys import Stores, get_typestore
 
-from q2real.configs.cli import main
+from q2real.cli.main import main
 from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.bundle import BundleError
 from q2real.deploy_ros.dds import SENSOR_QOS, DdsNode, Endpoints, wait_for_match
 from q2real.deploy_ros.node import NodeConfig, PolicyNode
+from q2real.deploy_ros.schema import BundleError
 from q2real.deploy_ros.session import start_sim_robot
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from q2real.deploy_ros.bundle import BundleError
 from q2real.deploy_ros.observation import ObservationBuilder
+from q2real.deploy_ros.schema import BundleError
 from q2real.sim import make
 from q2real.sim.physics import PhysicsState
 from q2real.sim.registry import TASKS, task_names

@@ -20,7 +20,7 @@ from q2real.deploy_ros.session import deploy
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads processes from /proc")
 
-SIM_ROBOT = b"q2real.hardware.sim_robot"
+SIM_ROBOT = b"q2real.deploy_ros.sim_robot"
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -131,7 +131,7 @@ def test_no_joint_state_within_the_startup_timeout_stops_the_sim_robot(pendulum_
 
 @pytest.mark.slow
 def test_the_sim_robot_exits_when_q2real_deploy_is_killed(pendulum_bundle, dds_domain, tmp_path):
-    command = [sys.executable, "-m", "q2real.configs.cli", "deploy", str(pendulum_bundle), "--sim", "--duration", "60"]
+    command = [sys.executable, "-m", "q2real.cli.main", "deploy", str(pendulum_bundle), "--sim", "--duration", "60"]
     rng = random.Random()
     for trial in range(3):
         delay = rng.uniform(0.0, 1.5)  # while the robot starts up, and once it publishes

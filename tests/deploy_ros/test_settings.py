@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from q2real.configs.cli import main
+from q2real.cli.main import main
 from q2real.configs.loader import ConfigError, load
 from q2real.deploy_ros.node import NodeConfig, PolicyNode, config_from_parameters
 from q2real.hardware import robot_spec

@@ -11,8 +11,8 @@ import torch
 
 from q2real.agents.export import export_run
 from q2real.agents.train import evaluate
-from q2real.agents.transfer import perturbations, run_gate, shielded_returns
 from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.gate.transfer import perturbations, run_gate, shielded_returns
 from q2real.sim import RandomizationConfig, make
 
 

@@ -27,7 +27,8 @@ import torch
 
 from q2real.agents.train import TrainConfig
 from q2real.configs.loader import load
-from q2real.deploy_ros.bundle import PolicyBundle, robot_from_metadata
+from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.deploy_ros.schema import robot_from_metadata
 from q2real.safety.shield import Shield, ShieldConfig
 from q2real.sim import RandomizationConfig, make
 from q2real.sim.config import resolve_backend
@@ -225,7 +226,7 @@ def run_gate(
             f"+- {row.std:7.2f}   ratio {row.ratio:6.3f}"
         )
     if ros:
-        from q2real.agents.transfer_ros import ros_return
+        from q2real.gate.ros import ros_return
 
         mean = ros_return(bundle_path, config, progress)
         rows.append(Row("nominal via ROS 2 node", True, mean, 0.0, mean / reference))

@@ -7,7 +7,7 @@ applies the newest command each period: efforts for torque-controlled robots, PD
 (the spec's kp/kd, run by MuJoCo at the physics rate) otherwise. A drive without fresh commands for
 `command_timeout` seconds stops: zero effort, or a hold at the last target.
 
-Run it as its own process (`python -m q2real.hardware.sim_robot ROBOT`), so that a crash of either
+Run it as its own process (`python -m q2real.deploy_ros.sim_robot ROBOT`), so that a crash of either
 side is a crash of a separate program, as on a real robot.
 """
 
@@ -133,7 +133,7 @@ class SimRobot:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m q2real.hardware.sim_robot", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m q2real.deploy_ros.sim_robot", description=__doc__.split("\n")[0])
     parser.add_argument("robot", help="robot spec name in q2real/hardware (e.g. pendulum)")
     parser.add_argument("--rate", type=float, default=None, help="Hz (default: the spec's control rate)")
     parser.add_argument("--command-style", choices=("forward", "trajectory"), default="forward")

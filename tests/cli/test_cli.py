@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from q2real.agents.common.metrics import read_metrics
-from q2real.configs.cli import main
+from q2real.cli.main import main
 from q2real.sim.registry import task_names
 
 

@@ -107,7 +107,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from q2real.agents.evaluation import evaluate_run
+    from q2real.gate.evaluation import evaluate_run
 
     returns = evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, bundle=args.bundle)
     print(
@@ -153,7 +153,7 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def _transfer(args: argparse.Namespace) -> int:
-    from q2real.agents.transfer import run_gate
+    from q2real.gate.transfer import run_gate
 
     print(f"q2real transfer: {args.run_dir}")
     report = run_gate(

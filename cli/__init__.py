@@ -1,0 +1,1 @@
+"""The `q2real` command line: the one place that may import every other package."""
