@@ -22,7 +22,8 @@ from torch import nn
 from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
 from q2real.agents.common.run_dir import git_state
-from q2real.agents.train import TrainConfig, build_agent, check_agent_checkpoint
+from q2real.agents.config import TrainConfig
+from q2real.agents.learners import build_agent, check_agent_checkpoint
 from q2real.configs.loader import load, to_dict
 from q2real.deploy_ros.schema import METADATA_KEY, SCHEMA_VERSION, read_metadata, robot_metadata
 from q2real.sim import VecEnv, make

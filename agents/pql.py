@@ -29,16 +29,14 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.multiprocessing as mp
 
+from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.guard import check_finite
+from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.samplers import UniformSampler
-
-if TYPE_CHECKING:
-    from q2real.agents.train import Trainer
 
 # Slots of the shared counter tensor.
 ITERATIONS, CRITIC, POLICY, STOP, PAUSE, WAIT_COLLECT, WAIT_CRITIC, WAIT_POLICY = range(8)
@@ -67,18 +65,33 @@ class PQLConfig:
                 raise ValueError(f"pql.{key}: expected >= 1, got {getattr(self, key)}")
 
 
+@dataclass(frozen=True)
+class LearnerJob:
+    """What the learner processes need to know of the run besides the agent and replay they share."""
+
+    seed: int
+    num_envs: int
+    warmup_iterations: int
+    """Vectorized env steps of random warm-up; updates count env steps after them, as the synchronous loop does."""
+    batch_size: int
+    n_step: int
+    gamma: float
+
+
 class LearnerError(RuntimeError):
     """A learner process failed; the message carries its traceback."""
 
 
-def _learner(role: str, agent, replay, counters, config: PQLConfig, train: dict, errors, outbox) -> None:
-    """Entry point of a learner process: update until told to stop; report optimizer state on pause."""
+def _learner(
+    role: str, agent, replay, counters, config: PQLConfig, job: LearnerJob, parent: int, errors, outbox
+) -> None:
+    """Entry point of a learner process: update until told to stop; report optimizer state on pause.
+    `parent` is the training process (not os.getppid(): it may already be gone when this runs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the training process
-    parent = train["parent"]  # not os.getppid(): the parent may already be gone when this line runs
     outbox.cancel_join_thread()  # exiting never waits for the training process to drain the queue
     try:
         torch.set_num_threads(config.learner_threads)
-        torch.manual_seed(train["seed"] + (1 if role == "critic" else 2))
+        torch.manual_seed(job.seed + (1 if role == "critic" else 2))
         sampler = UniformSampler()
         mine = ["critic"] if role == "critic" else [k for k in agent.optimizers() if k != "critic"]
         beta_v, beta_p = config.critic_updates_per_step, config.critic_updates_per_policy_update
@@ -95,7 +108,7 @@ def _learner(role: str, agent, replay, counters, config: PQLConfig, train: dict,
                     time.sleep(_POLL)
                 continue
             steps, critic, policy = int(counters[ITERATIONS]), int(counters[CRITIC]), int(counters[POLICY])
-            learned = steps - train["warmup_iterations"]  # env steps that count, as in the synchronous loop
+            learned = steps - job.warmup_iterations  # env steps that count, as in the synchronous loop
             if role == "critic":
                 wait = critic >= beta_v * learned + config.slack or critic >= beta_p * (policy + config.slack)
             else:
@@ -104,12 +117,12 @@ def _learner(role: str, agent, replay, counters, config: PQLConfig, train: dict,
                 counters[WAIT_CRITIC if role == "critic" else WAIT_POLICY] += 1
                 time.sleep(_POLL)
                 continue
-            batch = sampler.sample(replay, train["batch_size"], train["n_step"], train["gamma"])
+            batch = sampler.sample(replay, job.batch_size, job.n_step, job.gamma)
             if role == "critic":
                 metrics = agent.critic_update(batch)
             else:
                 metrics = agent.actor_update(batch.obs)
-            check_finite(metrics, steps * train["num_envs"], None)
+            check_finite(metrics, steps * job.num_envs, None)
             counters[CRITIC if role == "critic" else POLICY] += 1
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
@@ -123,38 +136,28 @@ def _learner(role: str, agent, replay, counters, config: PQLConfig, train: dict,
 
 
 class ParallelLearners:
-    """The two learner processes of a `Trainer`, and the collector's side of the ratio controller."""
+    """The two learner processes over one agent and replay, and the collector's side of the ratio controller.
 
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-        self.config: PQLConfig = trainer.config.pql
-        agent, replay = trainer.agent, trainer.replay
+    The collector publishes its vectorized env-step count with `after_collect`; the agent's update
+    counter follows the critic learner's."""
+
+    def __init__(self, agent: ActorCritic, replay: ReplayStorage, config: PQLConfig, job: LearnerJob, iteration: int):
+        self.agent, self.config, self.job = agent, config, job
         if agent.device.type == "cpu":
             agent.share_memory()
             replay.share_memory_()
         else:  # CUDA tensors reach the learners as IPC handles to the same memory; the cursor is on the CPU
             replay.cursor.share_memory_()
         self.counters = torch.zeros(8, dtype=torch.long).share_memory_()
-        self.counters[ITERATIONS] = trainer.iteration
+        self.counters[ITERATIONS] = iteration
         self.counters[CRITIC] = agent.updates
-        self.counters[POLICY] = int(agent.updates / self.config.critic_updates_per_policy_update)
+        self.counters[POLICY] = int(agent.updates / config.critic_updates_per_policy_update)
         context = mp.get_context("spawn")
         self.errors, self.outbox = context.Queue(), context.Queue()
-        cfg = trainer.config.agent
-        self.warmup_iterations = -(-trainer.config.warmup_steps // trainer.env.num_envs)
-        train = {
-            "parent": os.getpid(),
-            "seed": trainer.config.env.seed,
-            "num_envs": trainer.env.num_envs,
-            "warmup_iterations": self.warmup_iterations,
-            "batch_size": cfg.batch_size,
-            "n_step": cfg.n_step,
-            "gamma": cfg.gamma,
-        }
         self.processes = [
             context.Process(
                 target=_learner,
-                args=(role, agent, replay, self.counters, self.config, train, self.errors, self.outbox),
+                args=(role, agent, replay, self.counters, config, job, os.getpid(), self.errors, self.outbox),
                 name=f"q2real-pql-{role}",
                 daemon=True,
             )
@@ -173,17 +176,18 @@ class ParallelLearners:
     def _snapshot(self) -> list[int]:
         return [int(v) for v in self.counters]
 
-    def after_collect(self) -> None:
-        """Publish the env-step count; wait while the critic is too far behind; surface learner errors."""
+    def after_collect(self, iteration: int) -> None:
+        """Publish the vectorized env-step count; wait while the critic is too far behind; surface learner
+        errors."""
         counters, beta = self.counters, self.config.critic_updates_per_step
-        counters[ITERATIONS] = self.trainer.iteration
-        learned = self.trainer.iteration - self.warmup_iterations
+        counters[ITERATIONS] = iteration
+        learned = iteration - self.job.warmup_iterations
         while learned > 0 and learned * beta > counters[CRITIC] + self.config.slack:
             self.raise_errors()
             counters[WAIT_COLLECT] += 1
             time.sleep(_POLL)
         self.raise_errors()
-        self.trainer.agent.updates = int(counters[CRITIC])
+        self.agent.updates = int(counters[CRITIC])
 
     def raise_errors(self) -> None:
         if self.counters[STOP]:
@@ -233,11 +237,11 @@ class ParallelLearners:
                 self.raise_errors()
                 with contextlib.suppress(queue.Empty):
                     self._take(self.outbox.get(timeout=0.1), states)
-            optimizers = self.trainer.agent.optimizers()
+            optimizers = self.agent.optimizers()
             for optim_states in states.values():
                 for name, state in optim_states.items():
                     optimizers[name].load_state_dict(state)
-            self.trainer.agent.updates = int(self.counters[CRITIC])
+            self.agent.updates = int(self.counters[CRITIC])
             yield
         finally:
             self.counters[PAUSE] = 0

@@ -102,8 +102,9 @@ def node_process(bundle: Path, rate: float, seconds: float) -> subprocess.Popen:
 
 def default_bundle(directory: Path) -> Path:
     """The default job's network (SAC, pendulum); latency does not depend on the weights."""
+    from q2real.agents.config import TrainConfig
     from q2real.agents.export import write_bundle
-    from q2real.agents.train import TrainConfig, build_agent
+    from q2real.agents.learners import build_agent
     from q2real.sim import make
 
     config = TrainConfig()

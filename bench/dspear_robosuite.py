@@ -22,7 +22,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from q2real.agents.train import TrainConfig, train  # noqa: E402
+from q2real.agents.config import TrainConfig
+from q2real.agents.train import train  # noqa: E402
 from q2real.configs.loader import load  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

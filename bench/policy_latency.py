@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from q2real.agents.config import TrainConfig
 from q2real.agents.export import DeployPolicy, write_bundle
-from q2real.agents.train import TrainConfig, build_agent
+from q2real.agents.learners import build_agent
 from q2real.configs.loader import load
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.sim import make

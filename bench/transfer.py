@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from q2real.agents.train import TrainConfig, train
+from q2real.agents.config import TrainConfig
+from q2real.agents.train import train
 from q2real.configs.loader import load
 from q2real.gate.transfer import run_gate
 

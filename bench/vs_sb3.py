@@ -27,10 +27,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from q2real.agents.callbacks import Callback, StopTraining
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.samplers import UniformSampler
+from q2real.agents.config import TrainConfig
 from q2real.agents.sac import SAC, SACConfig
-from q2real.agents.train import Callback, StopTraining, TrainConfig, Trainer
+from q2real.agents.train import Trainer
 from q2real.configs.loader import load
 from q2real.sim import make
 from q2real.sim.vec_env import StepResult, VecEnv

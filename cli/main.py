@@ -75,7 +75,8 @@ def _train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from q2real.agents.common.guard import NonFiniteError
-    from q2real.agents.train import TrainConfig, Trainer
+    from q2real.agents.config import TrainConfig
+    from q2real.agents.train import Trainer
 
     resume = Path(args.resume) if args.resume else None
     preset = args.preset

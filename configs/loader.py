@@ -1,8 +1,13 @@
 """Typed configs: dataclass defaults, then a YAML preset, then `key.sub=value` overrides.
 
 Every layer is checked against the dataclass field types as it is applied, so an unknown key or a
-wrong type is reported with the layer it came from (`configs/presets/x.yaml: agent.lr: ...` or
+wrong type is reported with the layer it came from (`configs/presets/x.yaml: sac.lr: ...` or
 `command line: env.num_envs: ...`) instead of surfacing as a crash deep inside training.
+
+A *section* field (`section()`) holds the settings of one of several alternatives, chosen by another
+field: `algo: td3` and a `td3:` section. Files and overrides name the section by its choice, only the
+chosen one exists, and choosing another starts that one's section from its defaults, so a resolved
+config carries no settings of alternatives the run does not use.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -22,6 +27,25 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config key is unknown or its value has the wrong type; the message names key and source."""
+
+
+_SECTION = "q2real_section"
+
+
+def section(by: str, choices: Mapping[str, Callable[[], Any]], default: str) -> Any:
+    """A dataclass field holding the settings of the choice that field `by` names, written under that
+    choice's name (`choices` maps each name to its settings class)."""
+    return dataclasses.field(default_factory=choices[default], metadata={_SECTION: (by, dict(choices))})
+
+
+def _sections(config: Any) -> dict[str, tuple[str, dict[str, Callable[[], Any]]]]:
+    """Section field name -> (the field that chooses it, its choices)."""
+    return {f.name: f.metadata[_SECTION] for f in dataclasses.fields(config) if _SECTION in f.metadata}
+
+
+def section_name(config: Any, field_name: str) -> str:
+    """The key a section field is written under: the current value of the field that chooses it."""
+    return getattr(config, _sections(config)[field_name][0])
 
 
 def _coerce(value: Any, tp: Any, source: str, key: str) -> Any:
@@ -97,18 +121,39 @@ def merge(config: T, data: Mapping[str, Any], source: str, prefix: str = "") -> 
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(type(config))
-    fields = {f.name for f in dataclasses.fields(config)}
-    changes = {}
+    sections = _sections(config)
+    changes: dict[str, Any] = {}
+    # A choosing field goes first, whatever its place in `data`: it decides which section keys exist.
+    for name, (by, choices) in sections.items():
+        if by in data:
+            chosen = _coerce(data[by], hints[by], source, f"{prefix}{by}")
+            changes[by] = chosen
+            if chosen != getattr(config, by):
+                changes[name] = choices[chosen]()
+    public = {f.name for f in dataclasses.fields(config)} - set(sections)
+    keys = public | {choice for _, choices in sections.values() for choice in choices}
     for key, value in data.items():
         where = f"{source}: {prefix}{key}"
-        if key not in fields:
-            raise ConfigError(f"{where}: unknown key; {type(config).__name__} has {sorted(fields)}")
+        if key in changes and key in public:
+            continue
+        if key not in keys:
+            raise ConfigError(f"{where}: unknown key; {type(config).__name__} has {sorted(keys)}")
+        owner = next((name for name, (_, choices) in sections.items() if key in choices), None)
+        if owner is not None:
+            by = sections[owner][0]
+            chosen = changes.get(by, getattr(config, by))
+            if key != chosen:
+                raise ConfigError(
+                    f"{where}: settings of {by} '{key}', but {by} is '{chosen}'; set {prefix}{by}={key} to use them"
+                )
+            changes[owner] = merge(changes.get(owner, getattr(config, owner)), value, source, prefix=f"{prefix}{key}.")
+            continue
         current = getattr(config, key)
         if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
             changes[key] = merge(current, value, source, prefix=f"{prefix}{key}.")
         else:
             changes[key] = _coerce(value, hints[key], source, f"{prefix}{key}")
-    return dataclasses.replace(config, **changes)
+    return dataclasses.replace(config, **changes)  # pyright: ignore[reportArgumentType]
 
 
 def parse_overrides(overrides: list[str], source: str = "command line") -> dict[str, Any]:
@@ -151,7 +196,10 @@ def list_presets() -> list[str]:
 
 def load(cls: type[T], preset: str | None = None, overrides: list[str] | None = None) -> T:
     """Resolve a config: `cls()` defaults, then the preset YAML, then command-line overrides; then its
-    `validate()` range checks, so a value no run can use is refused before anything starts."""
+    `validate()` range checks, so a value no run can use is refused before anything starts.
+
+    A class with an `upgrade(data, source)` classmethod gets each file's data through it first, to
+    read files an older q2real wrote."""
     config = cls()
     sources = ["defaults"]
     if preset is not None:
@@ -160,6 +208,9 @@ def load(cls: type[T], preset: str | None = None, overrides: list[str] | None = 
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        upgrade = getattr(cls, "upgrade", None)
+        if upgrade is not None and isinstance(data, Mapping):
+            data = upgrade(data, str(path))
         config = merge(config, data, str(path))
         sources.append(str(path))
     if overrides:
@@ -180,13 +231,20 @@ def validated(config: T, source: str) -> T:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """Plain dict (tuples as lists) for YAML/JSON; `load` reads it back to an equal config."""
+    """Plain dict (tuples as lists, sections under their choice's name) for YAML/JSON; `load` reads it
+    back to an equal config."""
+    return _plain(config)
 
-    def plain(value: Any) -> Any:
-        if isinstance(value, tuple | list):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        return value
 
-    return plain(dataclasses.asdict(config))
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        sections = _sections(value)
+        return {
+            (section_name(value, f.name) if f.name in sections else f.name): _plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+        }
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value

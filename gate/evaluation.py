@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 
+from q2real.agents.callbacks import evaluate
 from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
-from q2real.agents.train import TrainConfig, build_agent, check_agent_checkpoint, evaluate
+from q2real.agents.config import TrainConfig
+from q2real.agents.learners import build_agent, check_agent_checkpoint
 from q2real.configs.loader import load
 from q2real.sim import make
 

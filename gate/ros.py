@@ -19,7 +19,7 @@ import mujoco
 import numpy as np
 import torch
 
-from q2real.agents.train import TrainConfig
+from q2real.agents.config import TrainConfig
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.node import NODE_NAME, NodeConfig

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from q2real.agents.train import TrainConfig
+from q2real.agents.config import TrainConfig
 from q2real.configs.loader import load
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.schema import robot_from_metadata

@@ -26,7 +26,8 @@ def trained_pendulum(tmp_path_factory: pytest.TempPathFactory):
 
     Shared by the SAC learning test and the end-to-end deploy test, so the suite trains it once.
     """
-    from q2real.agents.train import TrainConfig, train
+    from q2real.agents.config import TrainConfig
+    from q2real.agents.train import train
     from q2real.configs.loader import load
 
     overrides = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import re
@@ -18,7 +19,8 @@ from hypothesis import strategies as st
 from q2real.agents.common.checkpoint import MAGIC, check_shapes, load_checkpoint, save_checkpoint
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import LogConfig, RunDir
-from q2real.agents.train import TrainConfig, Trainer, resume, train
+from q2real.agents.config import LEARNER_CONFIGS, TrainConfig
+from q2real.agents.train import Trainer, resume, train
 from q2real.cli.main import main
 from q2real.configs.loader import load
 
@@ -249,8 +251,9 @@ def with_value(dotted: str, value: Any) -> TrainConfig:
     """Default config with one field set, the learner switched to the section the key lives in."""
     config = TrainConfig()
     section, _, _ = dotted.partition(".")
-    if section in ("sac", "td3", "ddpg", "flashsac"):
-        config.algo = section
+    if section in LEARNER_CONFIGS:
+        config = dataclasses.replace(config, algo=section, agent=LEARNER_CONFIGS[section]())
+        dotted = "agent." + dotted.partition(".")[2]
     target = config
     *parents, leaf = dotted.split(".")
     for name in parents:

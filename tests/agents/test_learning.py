@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from q2real.agents.train import TrainConfig, train
+from q2real.agents.config import TrainConfig
+from q2real.agents.train import train
 from q2real.configs.loader import load
 
 pytestmark = pytest.mark.slow  # learning runs to a return threshold

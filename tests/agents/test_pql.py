@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from q2real.agents.callbacks import Callback
 from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
 from q2real.agents.common.guard import NonFiniteError
+from q2real.agents.config import TrainConfig
 from q2real.agents.pql import POLICY, LearnerError
-from q2real.agents.train import Callback, TrainConfig, Trainer, resume, train
+from q2real.agents.train import Trainer, resume, train
 from q2real.configs.loader import load
 
 pytestmark = pytest.mark.slow  # learner processes
@@ -136,7 +138,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.timeout(300)
 def test_learners_exit_when_the_training_process_is_killed(tmp_path: Path) -> None:
     code = (
-        "from q2real.agents.train import TrainConfig, train\n"
+        "from q2real.agents.config import TrainConfig\nfrom q2real.agents.train import train\n"
         "from q2real.configs.loader import load\n"
         f"train(load(TrainConfig, None, ['pql.enabled=true', 'total_steps=10000000', 'eval_every=0',"
         f" 'checkpoint_every=0', 'log.root={tmp_path}', 'log.tensorboard=false']))\n"

@@ -13,9 +13,11 @@ import pytest
 import torch
 import yaml
 
+from q2real.agents.callbacks import Callback
 from q2real.agents.common.checkpoint import load_checkpoint
 from q2real.agents.common.guard import NonFiniteError
-from q2real.agents.train import Callback, TrainConfig, Trainer, resume, train
+from q2real.agents.config import TrainConfig
+from q2real.agents.train import Trainer, resume, train
 from q2real.configs.loader import load, to_dict
 
 

@@ -5,8 +5,9 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+import yaml
 
-from q2real.agents.train import TrainConfig
+from q2real.agents.config import LEARNER_CONFIGS, TrainConfig
 from q2real.configs.loader import ConfigError, list_presets, load, merge, parse_overrides, to_dict
 
 
@@ -87,3 +88,48 @@ def test_env_task_params_are_checked_against_the_task_config() -> None:
 
     with pytest.raises(ConfigError, match="env: task_params.episode_lenght: unknown key"):
         make(task="pendulum_swingup", num_envs=1, backend="mujoco", task_params={"episode_lenght": 3})
+
+
+# --- one learner section ----------------------------------------------------------------------------------
+def test_a_resolved_config_carries_only_its_learners_section() -> None:
+    data = to_dict(load(TrainConfig, None, ["algo=td3", "td3.policy_delay=3"]))
+    assert data["algo"] == "td3" and data["td3"]["policy_delay"] == 3
+    assert not {"sac", "ddpg", "flashsac", "agent"} & set(data)
+
+
+def test_choosing_a_learner_starts_its_section_from_defaults_in_any_key_order() -> None:
+    first = load(TrainConfig, None, ["ddpg.batch_size=64", "algo=ddpg"])
+    assert first.algo == "ddpg" and type(first.agent) is LEARNER_CONFIGS["ddpg"]
+    assert first.agent.batch_size == 64 and first.agent.num_critics == 1
+
+
+def test_a_learner_section_for_another_algo_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="command line: td3: settings of algo 'td3', but algo is 'sac'; set algo=td3"):
+        load(TrainConfig, None, ["td3.policy_delay=3"])
+    preset = tmp_path / "p.yaml"
+    preset.write_text("algo: sac\nflashsac:\n  tau: 0.1\n")
+    with pytest.raises(ConfigError, match=rf"{preset}: flashsac: settings of algo 'flashsac'"):
+        load(TrainConfig, str(preset))
+
+
+def test_an_unknown_key_inside_the_learner_section_names_its_path() -> None:
+    with pytest.raises(ConfigError, match="command line: sac.polcy_delay: unknown key; SACConfig has"):
+        load(TrainConfig, None, ["sac.polcy_delay=2"])
+
+
+def test_train_config_round_trips_through_yaml(tmp_path: Path) -> None:
+    config = load(TrainConfig, None, ["algo=flashsac", "flashsac.actor_hidden=[8,8]", "total_steps=7"])
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    assert load(TrainConfig, str(path)) == config
+
+
+def test_an_old_run_config_with_every_learners_section_still_loads(tmp_path: Path) -> None:
+    """Before a config held one learner section, run directories carried all four; the unused ones go."""
+    data = to_dict(load(TrainConfig, None, ["algo=td3", "td3.policy_delay=4"]))
+    for name, cls in LEARNER_CONFIGS.items():
+        data.setdefault(name, to_dict(cls()))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    config = load(TrainConfig, str(path))
+    assert config.algo == "td3" and config.agent.policy_delay == 4

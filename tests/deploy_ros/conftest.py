@@ -18,8 +18,9 @@ _domains = itertools.count(100 + os.getpid() % 50)
 
 def export_fresh_agent(task: str, output: Path) -> Path:
     """A bundle of an untrained agent: real graph and metadata, arbitrary actions."""
+    from q2real.agents.config import TrainConfig
     from q2real.agents.export import write_bundle
-    from q2real.agents.train import TrainConfig, build_agent
+    from q2real.agents.learners import build_agent
     from q2real.sim import make
 
     config = TrainConfig()

@@ -10,8 +10,9 @@ import onnx
 import pytest
 import torch
 
+from q2real.agents.config import TrainConfig
 from q2real.agents.export import DeployPolicy, export_run, load_run_policy
-from q2real.agents.train import TrainConfig, train
+from q2real.agents.train import train
 from q2real.configs.loader import load
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.schema import METADATA_KEY, BundleError, read_metadata

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from q2real.agents.callbacks import evaluate
 from q2real.agents.export import export_run
-from q2real.agents.train import evaluate
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.gate.transfer import perturbations, run_gate, shielded_returns
 from q2real.sim import RandomizationConfig, make

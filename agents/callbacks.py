@@ -1,0 +1,143 @@
+"""What the training loop calls back into: logging, evaluation, checkpoints and early stopping, each on
+its own env-step schedule, plus the deterministic evaluation they use.
+
+Callbacks see the whole `Trainer` (as Brax's `progress_fn` and SB3's callbacks see their loop), so
+a new one plugs in without the loop changing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from q2real.agents.common.progress import Progress
+from q2real.sim import VecEnv
+
+if TYPE_CHECKING:
+    from q2real.agents.train import Trainer
+
+
+class StopTraining(Exception):
+    """Raised by a callback to end training early (the loop still evaluates and checkpoints)."""
+
+
+class Callback:
+    """Hooks into the loop; override what you need."""
+
+    def on_start(self, trainer: Trainer) -> None: ...
+
+    def on_iteration(self, trainer: Trainer) -> None: ...
+
+    def on_end(self, trainer: Trainer) -> None: ...
+
+
+@torch.no_grad()
+def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int) -> torch.Tensor:
+    """Return of the first episode of every env under `policy` (one episode per env)."""
+    obs = env.reset(seed=seed)
+    returns = torch.zeros(env.num_envs, device=env.device)
+    finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
+    while not bool(finished.all()):
+        result = env.step(policy(obs))
+        returns += torch.where(finished, 0.0, result.reward)
+        finished |= result.done
+        obs = result.obs
+    return returns
+
+
+class Every:
+    """True once each time the env-step counter passes a multiple of `interval` (never for interval 0),
+    so schedules stay aligned across resumes."""
+
+    def __init__(self, interval: int, step: int):
+        self.interval = interval
+        self.next = (step // interval + 1) * interval if interval else math.inf
+
+    def due(self, step: int) -> bool:
+        if step < self.next:
+            return False
+        self.next += self.interval
+        return True
+
+
+class LogCallback(Callback):
+    """Metrics every `log.interval_steps` env steps, and the progress bar."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        cfg = trainer.config
+        total = math.ceil(cfg.total_steps / trainer.env.num_envs) * trainer.env.num_envs
+        self.progress = Progress(total, f"{cfg.algo} on {cfg.env.task}")
+        self.progress.done = trainer.step
+        self._last_step, self._last_time, self._last_updates = trainer.step, time.monotonic(), trainer.agent.updates
+        self._schedule = Every(cfg.log.interval_steps, trainer.step)
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        shown = self.log(trainer) if self._schedule.due(trainer.step) else {}
+        self.progress.update(trainer.env.num_envs, **shown)
+
+    def log(self, trainer: Trainer) -> dict[str, float]:
+        now = time.monotonic()
+        seconds = max(now - self._last_time, 1e-9)
+        metrics = {
+            "env_steps_per_s": (trainer.step - self._last_step) / seconds,
+            "updates_per_s": (trainer.agent.updates - self._last_updates) / seconds,
+            **trainer.episodes.pop(),
+            **trainer.pop_update_metrics(),
+        }
+        self._last_step, self._last_time, self._last_updates = trainer.step, now, trainer.agent.updates
+        trainer.logger.log(trainer.step, metrics)
+        shown = {k: metrics[k] for k in ("episode_return",) if k in metrics}
+        if trainer.last_eval is not None:
+            shown["eval"] = trainer.last_eval
+        return shown
+
+    def on_end(self, trainer: Trainer) -> None:
+        if trainer.step > self._last_step:
+            self.log(trainer)
+        self.progress.close()
+
+
+class EvalCallback(Callback):
+    """Deterministic evaluation every `eval_every` env steps and at the end; early stop on `stop_return`."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        self._schedule = Every(trainer.config.eval_every, trainer.step)
+        self._done_at: int | None = None
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        if self._schedule.due(trainer.step):
+            self._evaluate(trainer)
+
+    def _evaluate(self, trainer: Trainer) -> None:
+        self._done_at = trainer.step
+        value = trainer.evaluate()
+        trainer.logger.log(trainer.step, {"eval_return": value})
+        stop = trainer.config.stop_return
+        if stop is not None and value >= stop:
+            raise StopTraining
+
+    def on_end(self, trainer: Trainer) -> None:
+        if self._done_at == trainer.step:
+            return
+        try:
+            self._evaluate(trainer)
+        except StopTraining:
+            pass
+
+
+class CheckpointCallback(Callback):
+    """Atomic checkpoint every `checkpoint_every` env steps and at the end."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        self._schedule = Every(trainer.config.checkpoint_every, trainer.step)
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        if self._schedule.due(trainer.step):
+            trainer.save_checkpoint()
+
+    def on_end(self, trainer: Trainer) -> None:
+        trainer.save_checkpoint()

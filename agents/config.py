@@ -1,0 +1,94 @@
+"""The training job's config: the env, the learner (one section, the one `algo` names), the schedule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from q2real.agents.common.actor_critic import ActorCriticConfig
+from q2real.agents.common.run_dir import LogConfig
+from q2real.agents.common.samplers import SamplerConfig
+from q2real.agents.flashsac import FlashSACConfig
+from q2real.agents.pql import PQLConfig
+from q2real.agents.sac import SACConfig
+from q2real.agents.td3 import DDPGConfig, TD3Config
+from q2real.configs.loader import section
+from q2real.sim import EnvConfig
+
+LEARNER_CONFIGS: dict[str, type[ActorCriticConfig]] = {
+    "sac": SACConfig,
+    "td3": TD3Config,
+    "ddpg": DDPGConfig,
+    "flashsac": FlashSACConfig,
+}
+"""algo -> its settings; a config holds exactly one of them, under the algo's name."""
+
+
+@dataclass
+class TrainConfig:
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(task="pendulum_swingup", num_envs=4))
+    log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=5_000))
+    algo: Literal["sac", "td3", "ddpg", "flashsac"] = "sac"
+    """Which learner; its settings are the section of the same name (`sac:`, `td3:`, ...)."""
+    agent: ActorCriticConfig = section("algo", LEARNER_CONFIGS, "sac")
+    """The learner's settings, written under the algo's name; switching `algo` starts from its defaults."""
+    total_steps: int = 50_000
+    """Env steps summed over all envs."""
+    warmup_steps: int = 2_000
+    """Env steps of uniform random actions before learning starts."""
+    updates_per_step: float = 1.0
+    """Gradient updates per vectorized env step (may be fractional)."""
+    replay_capacity: int = 1_000_000
+    """Transitions kept, over all envs."""
+    eval_every: int = 5_000
+    """Env steps between deterministic evaluations (0 = only at the end)."""
+    eval_envs: int = 10
+    """Evaluation episodes, run in parallel, one per env, on envs seeded apart from training."""
+    checkpoint_every: int = 10_000
+    stop_return: float | None = None
+    """Stop early once the evaluation mean return reaches this."""
+    threads: int = 0
+    """torch CPU threads (0 = leave torch's default)."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """Replay sampling: uniform, prioritized (PER) or dspear (D-SPEAR's dual-stream prioritized replay)."""
+    pql: PQLConfig = field(default_factory=PQLConfig)
+    """Parallel Q-Learning: critic and policy learners in their own processes, concurrent with collection."""
+
+    @classmethod
+    def upgrade(cls, data: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+        """Run directories written before a config held one learner section carry every learner's
+        section; only the chosen algo's ever took effect, so the others are dropped."""
+        if not all(name in data for name in LEARNER_CONFIGS):
+            return data
+        algo = data.get("algo", "sac")
+        return {k: v for k, v in data.items() if k not in LEARNER_CONFIGS or k == algo}
+
+    def validate(self) -> None:
+        for key in ("total_steps", "eval_envs"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}: expected >= 1, got {getattr(self, key)}")
+        for key in ("warmup_steps", "eval_every", "checkpoint_every", "threads"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}: expected >= 0, got {getattr(self, key)}")
+        if not 0 < self.updates_per_step < math.inf:
+            raise ValueError(f"updates_per_step: expected > 0 and finite, got {self.updates_per_step}")
+        if self.replay_capacity < max(1, self.env.num_envs):
+            raise ValueError(
+                f"replay_capacity: expected >= env.num_envs ({self.env.num_envs}) so one vectorized step fits, "
+                f"got {self.replay_capacity}"
+            )
+        if self.stop_return is not None and math.isnan(self.stop_return):
+            raise ValueError("stop_return: expected a number or null, got nan")
+        if type(self.agent) is not LEARNER_CONFIGS[self.algo]:
+            expected = LEARNER_CONFIGS[self.algo].__name__
+            raise ValueError(f"{self.algo}: expected {expected} settings for algo={self.algo}")
+        self.log.validate()
+        self.agent.validate(self.algo)
+        self.pql.validate()
+        self.sampler.validate()
+        if self.pql.enabled and self.sampler.kind != "uniform":
+            raise ValueError("sampler.kind: PQL learners sample uniformly; prioritized replay needs pql.enabled=false")
+        if self.sampler.kind == "dspear" and self.sampler.critic_stream and self.agent.critic_head != "scalar":
+            raise ValueError(f"sampler.kind=dspear: its Huber critic loss needs {self.algo}.critic_head=scalar")

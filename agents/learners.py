@@ -1,0 +1,51 @@
+"""The learner registry: which `ActorCritic` each algo builds, and whether a checkpoint fits it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.checkpoint import check_config, check_shapes
+from q2real.agents.config import TrainConfig
+from q2real.agents.sac import SAC
+from q2real.agents.td3 import TD3
+from q2real.configs.loader import to_dict
+from q2real.sim import VecEnv
+
+ALGORITHMS: dict[str, type[ActorCritic]] = {"sac": SAC, "td3": TD3, "ddpg": TD3, "flashsac": SAC}
+# Agent settings that decide which tensors a learner holds and their shapes; a checkpoint only fits a
+# run that agrees on them (keys a section lacks, such as SAC's target_actor, are skipped).
+AGENT_SHAPE_KEYS = (
+    "network",
+    "actor_hidden",
+    "critic_hidden",
+    "num_critics",
+    "critic_head",
+    "num_atoms",
+    "noise_repeat",
+    "target_actor",
+)
+
+
+def build_agent(config: TrainConfig, env: VecEnv) -> ActorCritic:
+    """The configured learner for `env`'s spaces, sized for the training env count (`config.env.num_envs`),
+    since per-env exploration and return-scale state are part of its checkpoint."""
+    agent_config = config.agent
+    if config.sampler.kind == "dspear" and config.sampler.critic_stream:
+        agent_config = dataclasses.replace(agent_config, huber=True)  # D-SPEAR's critic stream: Huber TD loss
+    return ALGORITHMS[config.algo](agent_config, env.obs_dim, env.action_dim, config.env.num_envs, env.device)
+
+
+def check_agent_checkpoint(
+    path: Path, state: dict, config: TrainConfig, agent: ActorCritic, extra_keys: Sequence[str] = ()
+) -> None:
+    """Refuse a checkpoint of another algorithm, task, network or observation/action size (or of other
+    `extra_keys`), naming the first setting or tensor that differs, before `load_state_dict` fails
+    with a bare traceback."""
+    keys = ["algo", "env.task", *extra_keys, *(f"{config.algo}.{key}" for key in AGENT_SHAPE_KEYS)]
+    check_config(path, state.get("config", {}), to_dict(config), keys)
+    spaces = {"obs_dim": agent.obs_dim, "action_dim": agent.action_dim}
+    check_config(path, state.get("spaces", {}), spaces, spaces)
+    check_shapes(path, "agent", state["agent"], agent.state_dict())

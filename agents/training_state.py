@@ -1,0 +1,82 @@
+"""A training run as one checkpoint: what `Trainer` writes, and the checks before it reads one back.
+
+Everything needed to continue bit-for-bit (networks, optimizers, normalizers, replay, sampler,
+env state, counters and RNG states) as plain tensors and containers, with the resolved config, so a
+resume can refuse a checkpoint of another algorithm, task, network or replay shape by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from q2real.agents.common.checkpoint import check_shapes, load_checkpoint
+from q2real.agents.learners import check_agent_checkpoint
+from q2real.configs.loader import to_dict
+
+if TYPE_CHECKING:
+    from q2real.agents.train import Trainer
+
+FORMAT = 1
+
+
+def training_state(trainer: Trainer) -> dict[str, Any]:
+    agent = trainer.agent
+    return {
+        "format": FORMAT,
+        "config": to_dict(trainer.config),
+        "spaces": {"obs_dim": trainer.env.obs_dim, "action_dim": trainer.env.action_dim},
+        "step": trainer.step,
+        "iteration": trainer.iteration,
+        "updates": agent.updates,
+        "update_credit": trainer.update_credit,
+        "elapsed": trainer.logger.elapsed,
+        "agent": agent.state_dict(),
+        "agent_extra": agent.extra_state(),
+        "optimizers": {name: opt.state_dict() for name, opt in agent.optimizers().items()},
+        "replay": trainer.replay.state_dict(),
+        "sampler": trainer.sampler.state_dict(),
+        "env": trainer.env.state_dict(),
+        "obs": trainer.obs,
+        "episodes": trainer.episodes.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all()},
+    }
+
+
+def restore(trainer: Trainer, path: Path) -> float:
+    """Load the checkpoint at `path` into `trainer` after checking it fits; returns the run's elapsed seconds."""
+    state = load_checkpoint(path, trainer.env.device)
+    check_fits(trainer, path, state)
+    agent = trainer.agent
+    agent.load_state_dict(state["agent"])
+    agent.load_extra_state(state["agent_extra"])
+    for name, opt in agent.optimizers().items():
+        opt.load_state_dict(state["optimizers"][name])
+    agent.updates = int(state["updates"])
+    trainer.replay.load_state_dict(state["replay"])
+    trainer.sampler.load_state_dict(state.get("sampler", {}))
+    if state["env"] is not None and trainer.env.state_dict() is not None:
+        trainer.env.load_state_dict(state["env"])
+        trainer.obs = state["obs"].to(trainer.env.device)
+    trainer.episodes.load_state_dict(state["episodes"])
+    trainer.step, trainer.iteration = int(state["step"]), int(state["iteration"])
+    trainer.update_credit = float(state["update_credit"])
+    torch.set_rng_state(state["rng"]["torch"].cpu())
+    if state["rng"]["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
+    return float(state["elapsed"])
+
+
+def check_fits(trainer: Trainer, path: Path, state: dict[str, Any]) -> None:
+    """Refuse a checkpoint this run cannot continue, naming the first setting or tensor that differs."""
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {state.get('format')!r}; this q2real reads format {FORMAT}")
+    check_agent_checkpoint(path, state, trainer.config, trainer.agent, ("env.num_envs", "replay_capacity"))
+    check_shapes(path, "agent_extra", state["agent_extra"], trainer.agent.extra_state())
+    check_shapes(path, "replay", state["replay"]["data"], trainer.replay.data)
+    check_shapes(path, "episodes", state["episodes"], trainer.episodes.state_dict())
+    sampler = trainer.sampler.state_dict()
+    if state.get("sampler") and sampler:  # a prioritized sampler resuming a uniform run starts fresh
+        check_shapes(path, "sampler", state["sampler"], sampler)
