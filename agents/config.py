@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from q2real.agents.common.actor_critic import ActorCriticConfig
@@ -14,7 +15,8 @@ from q2real.agents.flashsac import FlashSACConfig
 from q2real.agents.pql import PQLConfig
 from q2real.agents.sac import SACConfig
 from q2real.agents.td3 import DDPGConfig, TD3Config
-from q2real.configs.loader import section
+from q2real.configs.errors import RunDirError
+from q2real.configs.loader import load, section
 from q2real.sim import EnvConfig
 
 LEARNER_CONFIGS: dict[str, type[ActorCriticConfig]] = {
@@ -92,3 +94,11 @@ class TrainConfig:
             raise ValueError("sampler.kind: PQL learners sample uniformly; prioritized replay needs pql.enabled=false")
         if self.sampler.kind == "dspear" and self.sampler.critic_stream and self.agent.critic_head != "scalar":
             raise ValueError(f"sampler.kind=dspear: its Huber critic loss needs {self.algo}.critic_head=scalar")
+
+
+def load_run_config(run_dir: Path, *needs: str) -> TrainConfig:
+    """The resolved config of a training run directory, which must hold config.yaml and the files `needs`."""
+    for name in ("config.yaml", *needs):
+        if not (run_dir / name).is_file():
+            raise RunDirError(f"{run_dir}: not a training run directory (no {name})")
+    return load(TrainConfig, str(run_dir / "config.yaml"))

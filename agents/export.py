@@ -20,12 +20,13 @@ import torch
 from torch import nn
 
 from q2real.agents.common.actor_critic import ActorCritic
-from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
+from q2real.agents.common.checkpoint import CHECKPOINT
 from q2real.agents.common.run_dir import git_state
-from q2real.agents.config import TrainConfig
-from q2real.agents.learners import build_agent, check_agent_checkpoint
-from q2real.configs.loader import load, to_dict
-from q2real.deploy_ros.schema import METADATA_KEY, SCHEMA_VERSION, read_metadata, robot_metadata
+from q2real.agents.config import TrainConfig, load_run_config
+from q2real.agents.learners import restore_agent
+from q2real.configs.loader import to_dict
+from q2real.deploy_ros.schema import METADATA_KEY, SCHEMA_VERSION, BundleError, read_metadata, robot_metadata
+from q2real.hardware.action import command_from_action
 from q2real.sim import VecEnv, make
 
 # Opset 17 runs on every onnxruntime from 1.14 on, including the ARM builds robot computers ship.
@@ -44,14 +45,14 @@ class DeployPolicy(nn.Module):
         self.eval()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.offset + self.scale * self.actor(self.obs_norm(obs)).clamp(-1.0, 1.0)
+        return command_from_action(self.actor(self.obs_norm(obs)).clamp(-1.0, 1.0), self.scale, self.offset)
 
 
 def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int) -> dict:
     """The metadata document; every number at full precision (JSON floats are float64)."""
     spec = getattr(env, "spec", None)
     if env.control_period is None:
-        raise ValueError(f"{config.env.task}: the env does not say its control period; a bundle needs one")
+        raise BundleError(f"{config.env.task}: the env does not say its control period; a bundle needs one")
     return {
         "schema_version": SCHEMA_VERSION,
         "task": config.env.task,
@@ -88,17 +89,14 @@ def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: 
 
 def load_run_policy(run_dir: Path) -> tuple[TrainConfig, VecEnv, ActorCritic, int]:
     """Config, a one-env CPU instance of the task, and the agent restored from the run's checkpoint."""
-    for name in ("config.yaml", CHECKPOINT):
-        if not (run_dir / name).is_file():
-            raise FileNotFoundError(f"{run_dir}: not a training run directory (no {name})")
-    config = load(TrainConfig, str(run_dir / "config.yaml"))
+    config = load_run_config(run_dir, CHECKPOINT)
     env = make(dataclasses.replace(config.env, num_envs=1, device="cpu"))
-    agent = build_agent(config, env)
-    state = load_checkpoint(run_dir / CHECKPOINT, "cpu")
-    check_agent_checkpoint(run_dir / CHECKPOINT, state, config, agent)
-    agent.load_state_dict(state["agent"])
-    agent.eval()
-    return config, env, agent, int(state["step"])
+    try:
+        agent, step = restore_agent(run_dir, config, env)
+    except BaseException:
+        env.close()
+        raise
+    return config, env, agent, step
 
 
 def export_run(run_dir: str | Path, output: str | Path | None = None) -> Path:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from q2real.agents.common.actor_critic import ActorCritic
-from q2real.agents.common.checkpoint import check_config, check_shapes
+from q2real.agents.common.checkpoint import CHECKPOINT, check_config, check_shapes, load_checkpoint
 from q2real.agents.config import TrainConfig
 from q2real.agents.sac import SAC
 from q2real.agents.td3 import TD3
@@ -49,3 +49,14 @@ def check_agent_checkpoint(
     spaces = {"obs_dim": agent.obs_dim, "action_dim": agent.action_dim}
     check_config(path, state.get("spaces", {}), spaces, spaces)
     check_shapes(path, "agent", state["agent"], agent.state_dict())
+
+
+def restore_agent(run_dir: Path, config: TrainConfig, env: VecEnv) -> tuple[ActorCritic, int]:
+    """The run's agent for `env` from its checkpoint, in eval mode, and the env step it was saved at."""
+    path = run_dir / CHECKPOINT
+    agent = build_agent(config, env)
+    state = load_checkpoint(path, env.device)
+    check_agent_checkpoint(path, state, config, agent)
+    agent.load_state_dict(state["agent"])
+    agent.eval()
+    return agent, int(state["step"])

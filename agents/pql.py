@@ -37,6 +37,7 @@ from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.guard import check_finite
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.samplers import UniformSampler
+from q2real.configs.errors import Q2RealError
 
 # Slots of the shared counter tensor.
 ITERATIONS, CRITIC, POLICY, STOP, PAUSE, WAIT_COLLECT, WAIT_CRITIC, WAIT_POLICY = range(8)
@@ -78,7 +79,7 @@ class LearnerJob:
     gamma: float
 
 
-class LearnerError(RuntimeError):
+class LearnerError(Q2RealError, RuntimeError):
     """A learner process failed; the message carries its traceback."""
 
 

@@ -18,6 +18,7 @@ from q2real.agents.common.episodes import EpisodeTracker
 from q2real.agents.common.metrics import MetricLogger
 from q2real.agents.common.progress import Progress
 from q2real.agents.common.run_dir import LogConfig, RunDir
+from q2real.configs.loader import ConfigError
 from q2real.sim import EnvConfig, make
 
 
@@ -33,7 +34,7 @@ class RolloutConfig:
 def rollout(config: RolloutConfig) -> Path:
     """Run the rollout; returns the run directory."""
     if config.total_steps < 1:
-        raise ValueError(f"total_steps: expected >= 1, got {config.total_steps}")
+        raise ConfigError(f"total_steps: expected >= 1, got {config.total_steps}")
     config.log.validate()
     env = make(config.env)
     run = RunDir(config, config.log, config.env.task)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from q2real.agents.common.checkpoint import check_shapes, load_checkpoint
+from q2real.agents.common.checkpoint import CheckpointError, check_shapes, load_checkpoint
 from q2real.agents.learners import check_agent_checkpoint
 from q2real.configs.loader import to_dict
 
@@ -72,7 +72,7 @@ def restore(trainer: Trainer, path: Path) -> float:
 def check_fits(trainer: Trainer, path: Path, state: dict[str, Any]) -> None:
     """Refuse a checkpoint this run cannot continue, naming the first setting or tensor that differs."""
     if state.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {state.get('format')!r}; this q2real reads format {FORMAT}")
+        raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}; this q2real reads format {FORMAT}")
     check_agent_checkpoint(path, state, trainer.config, trainer.agent, ("env.num_envs", "replay_capacity"))
     check_shapes(path, "agent_extra", state["agent_extra"], trainer.agent.extra_state())
     check_shapes(path, "replay", state["replay"]["data"], trainer.replay.data)

@@ -2,15 +2,20 @@
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
+
+q2real's own errors (a config key, a spec field, a bundle, a checkpoint, the gate) print as one line
+and exit 2; anything else is a bug and keeps its traceback. `--debug` shows the traceback for ours too.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import yaml
 
+from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError, list_presets, load, parse_overrides, to_dict
 
 
@@ -98,6 +103,8 @@ def _train(args: argparse.Namespace) -> int:
         print(f"continue with: q2real train --resume {trainer.path}", file=sys.stderr)
         return 130
     except NonFiniteError as err:
+        if args.debug:
+            raise
         print(f"q2real train: {err}", file=sys.stderr)
         return 3
     print(f"run directory: {trainer.path}")
@@ -133,18 +140,14 @@ def _deploy(args: argparse.Namespace) -> int:
 
     config = load(NodeConfig, args.preset, args.overrides)
     if args.sim and "autostart" not in parse_overrides(args.overrides):
-        config.autostart = True  # nobody at a keyboard needs to start a simulated robot
+        config = dataclasses.replace(config, autostart=True)  # nobody at a keyboard needs to start a simulated robot
     if args.print_config:
         print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
         return 0
     print(f"q2real deploy: {args.bundle} ({'sim robot, loopback DDS' if args.sim else 'waiting for the robot'})")
     if not args.sim and not config.autostart:
         print("press Enter to ramp to the default pose and hand over to the policy; Ctrl-C stops")
-    try:
-        summary = deploy(args.bundle, config, sim=args.sim, duration=args.duration, operator_start=not config.autostart)
-    except TimeoutError as err:
-        print(f"q2real deploy: error: {err}", file=sys.stderr)
-        return 2
+    summary = deploy(args.bundle, config, sim=args.sim, duration=args.duration, operator_start=not config.autostart)
     print(
         f"stopped after {summary.ticks} ticks in mode {summary.mode}; latency p50 {summary.latency_p50_ms:.3f} ms "
         f"p99 {summary.latency_p99_ms:.3f} ms; loop deadline misses {summary.loop_deadline_misses}; "
@@ -175,32 +178,40 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="q2real", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of q2real's own errors too")
+    # Also accepted after the command (`q2real train --debug`); SUPPRESS keeps a flag given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a learner (default: SAC on pendulum swing-up)")
+
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kwargs)
+
+    train = command("train", help="train a learner (default: SAC on pendulum swing-up)")
     _job_arguments(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     train.set_defaults(func=_train)
-    evaluation = sub.add_parser("eval", help="roll out a trained run's deterministic policy and report returns")
+    evaluation = command("eval", help="roll out a trained run's deterministic policy and report returns")
     evaluation.add_argument("run_dir", metavar="RUN_DIR")
     evaluation.add_argument("--episodes", type=int, default=20)
     evaluation.add_argument("--seed", type=int, default=12345)
     evaluation.add_argument("--bundle", metavar="ONNX", help="act with this exported policy bundle instead")
     evaluation.set_defaults(func=_eval)
-    export = sub.add_parser("export", help="export a run's policy as an ONNX policy bundle")
+    export = command("export", help="export a run's policy as an ONNX policy bundle")
     export.add_argument("run_dir", metavar="RUN_DIR")
     export.add_argument("-o", "--output", metavar="ONNX", help="default: RUN_DIR/policy.onnx")
     export.set_defaults(func=_export)
-    envs = sub.add_parser("envs", help="list registered tasks and env adapters")
+    envs = command("envs", help="list registered tasks and env adapters")
     envs.add_argument("--task", help="show one task's description and default task_params")
     envs.set_defaults(func=_envs)
-    sub.add_parser("presets", help="list shipped config presets").set_defaults(func=_presets)
-    dep = sub.add_parser("deploy", help="run a policy bundle on a robot over ROS 2 (DDS), behind the shield")
+    command("presets", help="list shipped config presets").set_defaults(func=_presets)
+    dep = command("deploy", help="run a policy bundle on a robot over ROS 2 (DDS), behind the shield")
     dep.add_argument("bundle", metavar="BUNDLE", help="policy bundle (.onnx) from `q2real export`")
     dep.add_argument("--sim", action="store_true", help="start the bundle's robot in simulation (loopback DDS)")
     dep.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
     _job_arguments(dep)
     dep.set_defaults(func=_deploy)
-    gate = sub.add_parser(
+    gate = command(
         "transfer",
         help="sim-to-sim transfer gate: the run's bundle, shielded, on the other backend under perturbations",
     )
@@ -211,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--only", nargs="+", metavar="ROW", help="evaluate only these rows (e.g. nominal 'mass beyond')")
     gate.add_argument("--ros", action="store_true", help="also run the bundle through the ROS 2 node and sim robot")
     gate.set_defaults(func=_transfer)
-    roll = sub.add_parser("rollout", help="run a random or zero policy through a task and log its returns")
+    roll = command("rollout", help="run a random or zero policy through a task and log its returns")
     _job_arguments(roll)
     roll.set_defaults(func=_rollout)
     return parser
@@ -227,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
-    except (ConfigError, ValueError, ImportError, FileExistsError, FileNotFoundError) as err:  # incl. BundleError
+    except Q2RealError as err:
+        if args.debug:
+            raise
         print(f"q2real {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

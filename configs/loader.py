@@ -21,11 +21,13 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
+from q2real.configs.errors import Q2RealError
+
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(Q2RealError, ValueError):
     """A config key is unknown or its value has the wrong type; the message names key and source."""
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from q2real.deploy_ros.schema import METADATA_KEY, BundleError, BundleInfo, parse_metadata
+from q2real.hardware.action import action_from_command
 
 FLOAT_TENSORS = ("tensor(float)", "tensor(double)")
 
@@ -49,7 +50,6 @@ class PolicyBundle:
         zeros = np.zeros((1, self.info.obs_dim), dtype=np.float32)
         for _ in range(warmup):
             self(zeros)
-        self._scale[self._scale == 0] = np.inf  # a joint the action does not move reads 0 in [-1, 1]
 
     def _check_io(self, meta: dict, source: str) -> None:
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
@@ -90,4 +90,4 @@ class PolicyBundle:
 
     def normalized(self, commands: np.ndarray) -> np.ndarray:
         """Back from joint commands to the policy's [-1, 1] action space (for evaluating in sim)."""
-        return (commands - self._offset) / self._scale
+        return action_from_command(commands, self._scale, self._offset)

@@ -22,6 +22,8 @@ from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 from cyclonedds.util import duration
 
+from q2real.configs.errors import Q2RealError
+from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
 from q2real.deploy_ros.node import NODE_NAME, PolicyNode, Tick, resolve_topic
@@ -42,6 +44,10 @@ LOOPBACK = (
 """Cyclone settings for one machine with no network: loopback only, unicast discovery."""
 
 
+class RobotTimeout(Q2RealError, TimeoutError):
+    """The robot sent no joint state within `startup_timeout`: nothing is running or the network is wrong."""
+
+
 def use_loopback() -> None:
     """Keep DDS traffic on this machine (sim-in-the-loop, tests), unless CYCLONEDDS_URI says otherwise.
     Must run before the process's first participant is created."""
@@ -57,7 +63,7 @@ def dds_topic(name: str, node: str = NODE_NAME) -> str:
 def domain_id() -> int:
     raw = os.environ.get("ROS_DOMAIN_ID", "0")
     if not raw.isdigit() or int(raw) > 232:
-        raise ValueError(f"ROS_DOMAIN_ID={raw!r}: expected an integer 0-232")
+        raise ConfigError(f"ROS_DOMAIN_ID={raw!r}: expected an integer 0-232")
     return int(raw)
 
 
@@ -141,7 +147,7 @@ class DdsNode:
         """Block until the robot's first joint state; refuse a robot whose joints differ from the bundle's."""
         timeout = self.node.config.startup_timeout
         if not self._robot_seen.wait(timeout):
-            raise TimeoutError(
+            raise RobotTimeout(
                 f"no joint state on {dds_topic(self.node.config.topics.joint_states)} within {timeout} s "
                 f"(domain {domain_id()}): is the robot running?"
             )

@@ -151,7 +151,7 @@ def config_from_parameters(parameters: dict) -> tuple[str, NodeConfig]:
     parameters.pop("use_sim_time", None)
     bundle = parameters.pop("policy.path", None)
     if not bundle:
-        raise ValueError(f"{NODE_NAME}: parameter policy.path: required (the policy bundle, .onnx)")
+        raise ConfigError(f"{NODE_NAME}: parameter policy.path: required (the policy bundle, .onnx)")
     nested: dict = {}
     for key, value in parameters.items():
         *parents, leaf = key.split(".")

@@ -18,6 +18,7 @@ import numpy as np
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 
+from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.node import NODE_NAME, Tick
 
@@ -34,7 +35,7 @@ class Recorder:
     def __init__(self, path: str | Path, command_topic: str, command_type: type, bundle_metadata: dict):
         path = Path(path)
         if path.exists():
-            raise FileExistsError(f"{path}: a bag is already there; rosbag2 never overwrites one")
+            raise ConfigError(f"record: {path}: a bag is already there; rosbag2 never overwrites one")
         self.typestore = get_typestore(Stores.ROS2_JAZZY)
         self.writer = Writer(path, version=9, storage_plugin=StoragePlugin.MCAP)
         self.writer.open()

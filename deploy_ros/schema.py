@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from q2real.configs.errors import Q2RealError
 from q2real.hardware.spec import RobotSpec, SpecError, build_spec
 
 SCHEMA_VERSION = 1
@@ -32,7 +33,7 @@ _ROBOT_ARRAYS = {
 """JointSpec field -> the per-joint list in a bundle's robot section that holds it."""
 
 
-class BundleError(ValueError):
+class BundleError(Q2RealError, ValueError):
     """A bundle is unreadable, malformed, from another schema version, or disagrees with itself."""
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from q2real.agents.callbacks import evaluate
-from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
-from q2real.agents.config import TrainConfig
-from q2real.agents.learners import build_agent, check_agent_checkpoint
-from q2real.configs.loader import load
+from q2real.agents.common.checkpoint import CHECKPOINT
+from q2real.agents.config import load_run_config
+from q2real.agents.learners import restore_agent
+from q2real.configs.loader import ConfigError
 from q2real.sim import make
 
 
@@ -22,11 +22,8 @@ def evaluate_run(
     acts (through onnxruntime) instead of the torch checkpoint, on the very same seeded episodes."""
     run_dir = Path(run_dir)
     if episodes < 1:
-        raise ValueError(f"--episodes: expected >= 1, got {episodes}")
-    for name in ("config.yaml", CHECKPOINT):
-        if not (run_dir / name).is_file():
-            raise FileNotFoundError(f"{run_dir}: not a training run directory (no {name})")
-    config = load(TrainConfig, str(run_dir / "config.yaml"))
+        raise ConfigError(f"--episodes: expected >= 1, got {episodes}")
+    config = load_run_config(run_dir, *(() if bundle is not None else (CHECKPOINT,)))
     env = make(dataclasses.replace(config.env, num_envs=episodes, seed=seed))
     try:
         if bundle is not None:
@@ -38,11 +35,7 @@ def evaluate_run(
                 commands = runner(obs.cpu().numpy())
                 return torch.from_numpy(runner.normalized(commands)).to(env.device)
         else:
-            agent = build_agent(config, env)
-            state = load_checkpoint(run_dir / CHECKPOINT, env.device)
-            check_agent_checkpoint(run_dir / CHECKPOINT, state, config, agent)
-            agent.load_state_dict(state["agent"])
-            agent.eval()
+            agent, _ = restore_agent(run_dir, config, env)
 
             def policy(obs: torch.Tensor) -> torch.Tensor:
                 return agent.act(obs, deterministic=True).clamp(-1.0, 1.0)

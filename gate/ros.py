@@ -24,6 +24,8 @@ from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.node import NODE_NAME, NodeConfig
 from q2real.deploy_ros.session import deploy
+from q2real.gate.transfer import GateError
+from q2real.hardware.action import action_from_command
 from q2real.sim import make
 from q2real.sim.physics import PhysicsState
 
@@ -91,7 +93,7 @@ def ros_return(bundle: str | Path, config: TrainConfig, progress=print) -> float
             publisher.join()
         endpoints.close()
     if wire.run_since is None:
-        raise RuntimeError("the node never reported RUN on /diagnostics; no return to measure")
+        raise GateError("ROS 2 row: the node never reported RUN on /diagnostics; no return to measure")
     return _episode_return(task, model, wire, episode)
 
 
@@ -99,7 +101,7 @@ def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> f
     data = mujoco.MjData(model)
     states = [s for s in wire.states if s[0] >= wire.run_since][:episode]
     if len(states) < episode:
-        raise RuntimeError(f"recorded {len(states)} joint states after RUN, fewer than one episode ({episode})")
+        raise GateError(f"ROS 2 row: recorded {len(states)} joint states after RUN, fewer than one episode ({episode})")
     scale, offset = task.command_scale.numpy(), task.command_offset.numpy()
     commands = wire.commands
     total, c = 0.0, 0
@@ -111,7 +113,7 @@ def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> f
         while c + 1 < len(commands) and commands[c + 1][0] <= stamp:
             c += 1
         command = commands[c][1] if commands and commands[c][0] <= stamp else offset
-        action = torch.from_numpy((command - offset) / scale).float()[None]
+        action = torch.from_numpy(action_from_command(command, scale, offset)).float()[None]
         physics = PhysicsState(
             torch.from_numpy(data.qpos.copy()).float()[None],
             torch.from_numpy(data.qvel.copy()).float()[None],

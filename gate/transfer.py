@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from q2real.agents.config import TrainConfig
-from q2real.configs.loader import load
+from q2real.agents.config import load_run_config
+from q2real.configs.errors import Q2RealError
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.schema import robot_from_metadata
+from q2real.hardware.action import action_from_command
 from q2real.safety.shield import Shield, ShieldConfig
 from q2real.sim import RandomizationConfig, make
 from q2real.sim.config import resolve_backend
@@ -50,6 +51,10 @@ EFFECTS: dict[str, dict[str, object]] = {
     "latency": {"action_latency": (1, 1)},
     "pushes": {"push_force": (5.0, 10.0)},
 }
+
+
+class GateError(Q2RealError):
+    """The gate cannot judge this run: an adapter task, no logged evaluation, an unknown row, a failed ROS row."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,7 @@ def in_training_return(run_dir: Path) -> float:
             if "eval_return" in record:
                 evals.append(record["eval_return"])
     if not evals:
-        raise ValueError(f"{metrics}: no eval_return logged; the gate compares against the run's own evaluation")
+        raise GateError(f"{metrics}: no eval_return logged; the gate compares against the run's own evaluation")
     return float(evals[-1])
 
 
@@ -149,7 +154,7 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int) -> torch.Ten
         for i, shield in enumerate(shields):
             command = shield.tick(names, q[i], qd[i], t, t, actions[i], 0.0)
             value = command.effort if shield.torque else command.position
-            commanded[i] = (value - offset) / scale
+            commanded[i] = action_from_command(value, scale, offset)
         result = env.step(torch.from_numpy(commanded).float().to(env.device))
         physics = env.physics
         returns += torch.where(finished, 0.0, result.reward.cpu())
@@ -180,11 +185,9 @@ def run_gate(
 ) -> dict:
     """Evaluate the run's bundle on every perturbation; writes RUN_DIR/transfer.json and transfer.png."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise FileNotFoundError(f"{run_dir}: not a training run directory (no config.yaml)")
-    config = load(TrainConfig, str(run_dir / "config.yaml"))
+    config = load_run_config(run_dir)
     if ":" in config.env.task:
-        raise ValueError(f"{run_dir}: env.task '{config.env.task}': the gate needs a q2real task, not an adapter")
+        raise GateError(f"{run_dir}: env.task '{config.env.task}': the gate needs a q2real task, not an adapter")
     bundle_path = run_dir / "policy.onnx"
     if not bundle_path.is_file():
         from q2real.agents.export import export_run
@@ -198,7 +201,7 @@ def run_gate(
     if only:
         unknown = sorted(set(only) - {p.name for p in rows_wanted})
         if unknown:
-            raise ValueError(f"--only: unknown rows {unknown}; this run's rows: {[p.name for p in rows_wanted]}")
+            raise GateError(f"--only: unknown rows {unknown}; this run's rows: {[p.name for p in rows_wanted]}")
         rows_wanted = [p for p in rows_wanted if p.name in only]
 
     def returns_on(on: str, randomization: RandomizationConfig) -> torch.Tensor:

@@ -20,6 +20,8 @@ import mujoco
 import numpy as np
 import yaml
 
+from q2real.configs.errors import Q2RealError
+
 HARDWARE_DIR = Path(__file__).resolve().parent
 ControlMode = Literal["torque", "position"]
 CONTROL_MODES = ("torque", "position")
@@ -28,7 +30,7 @@ _TOP_KEYS = {"name", "model", "control_mode", "control_period", "joints"}
 _JOINT_KEYS = {"name", "position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd"}
 
 
-class SpecError(ValueError):
+class SpecError(Q2RealError, ValueError):
     """A robot spec is missing a field or holds a value the robot cannot have."""
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from q2real.configs import checks
 from q2real.hardware import RobotSpec
+from q2real.hardware.action import action_mapping, command_from_action
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.limits import clip, gain_scale, outward_effort_zeroed
 
@@ -191,17 +192,9 @@ class Shield:
         self.torque = spec.control_mode == "torque"
         if not self.torque and not (self.kp > 0).all():
             raise ValueError(f"shield: {spec.source}: position-controlled joints need kp > 0 (got {self.kp.tolist()})")
-        if cfg.action_scale is not None:
-            self.scale = np.asarray(cfg.action_scale, dtype=float)
-        elif self.torque:
-            self.scale = self.max_effort.copy()
-        else:
-            self.scale = np.minimum(np.minimum(self.hard_hi - self.default, self.default - self.hard_lo), math.pi)
-        self.offset = (
-            np.asarray(cfg.action_offset, dtype=float)
-            if cfg.action_offset is not None
-            else (np.zeros(n) if self.torque else self.default.copy())
-        )
+        scale, offset = action_mapping(spec)
+        self.scale = scale if cfg.action_scale is None else np.asarray(cfg.action_scale, dtype=float)
+        self.offset = offset if cfg.action_offset is None else np.asarray(cfg.action_offset, dtype=float)
         if self.scale.shape != (n,) or self.offset.shape != (n,):
             raise ValueError(f"shield: action_scale/action_offset need {n} entries (joints {self.names})")
         self.hold_kd = np.where(self.kd > 0, self.kd, cfg.damp_kd)
@@ -370,9 +363,9 @@ class Shield:
                 if (clipped != action).any():
                     flags |= R.ACTION_CLIPPED
                 if self.torque:
-                    effort = self.offset + self.scale * clipped
+                    effort = command_from_action(clipped, self.scale, self.offset)
                 else:
-                    target = self.offset + self.scale * clipped
+                    target = command_from_action(clipped, self.scale, self.offset)
         elif self.mode == Mode.RAMP:
             self._ramp_ticks += 1
             ramp = self.config.ramp_time

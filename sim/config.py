@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import torch
 
+from q2real.configs.loader import ConfigError
 from q2real.sim.randomization import RandomizationConfig
 
 
@@ -31,7 +32,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"env.device: '{name}' requested but this torch build sees no CUDA device")
+        raise ConfigError(f"env.device: '{name}' requested but this torch build sees no CUDA device")
     return device
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from q2real.configs.loader import merge
+from q2real.configs.errors import MissingDependency
+from q2real.configs.loader import ConfigError, merge
 from q2real.hardware import robot_spec
 from q2real.sim.config import EnvConfig, resolve_backend, resolve_device
 from q2real.sim.physics import PhysicsBackend
@@ -22,9 +23,9 @@ def make_backend(name: str, model, num_envs: int, substeps: int, device: torch.d
         try:
             from q2real.sim.backends.mjx import MjxBackend
         except ImportError as err:
-            raise ImportError(f"env.backend: 'mjx' needs JAX and MJX: pip install 'q2real[mjx]' ({err})") from err
+            raise MissingDependency(f"env.backend: 'mjx' needs JAX and MJX: pip install 'q2real[mjx]' ({err})") from err
         return MjxBackend(model, num_envs, substeps, device, model_fields)
-    raise ValueError(f"env.backend: expected 'auto', 'mujoco' or 'mjx', got {name!r}")
+    raise ConfigError(f"env.backend: expected 'auto', 'mujoco' or 'mjx', got {name!r}")
 
 
 class TaskEnv(VecEnv):
@@ -32,7 +33,7 @@ class TaskEnv(VecEnv):
 
     def __init__(self, task_cls: type[Task], config: EnvConfig):
         if config.num_envs < 1:
-            raise ValueError(f"env.num_envs: expected >= 1, got {config.num_envs}")
+            raise ConfigError(f"env.num_envs: expected >= 1, got {config.num_envs}")
         config.randomization.validate("env.randomization")
         self.config = config
         self.device = resolve_device(config.device)

@@ -6,6 +6,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
+from q2real.configs.loader import ConfigError
 from q2real.sim.config import EnvConfig
 from q2real.sim.task import Task, TaskConfig
 from q2real.sim.tasks.arm_push import ArmPush
@@ -56,7 +57,7 @@ def describe(name: str) -> TaskInfo:
 
 def _task(name: str) -> type[Task]:
     if name not in TASKS:
-        raise ValueError(
+        raise ConfigError(
             f"env.task: unknown task '{name}'; registered: {task_names()}, or an adapter prefix: "
             f"{[p + ':<name>' for p in ADAPTERS]}"
         )
@@ -80,7 +81,7 @@ def make(config: EnvConfig | None = None, **changes) -> VecEnv:
             from q2real.sim.adapters.robosuite_env import RobosuiteEnv
 
             return RobosuiteEnv(rest, config)
-        raise ValueError(f"env.task: unknown adapter '{prefix}:' in '{config.task}'; known: {sorted(ADAPTERS)}")
+        raise ConfigError(f"env.task: unknown adapter '{prefix}:' in '{config.task}'; known: {sorted(ADAPTERS)}")
     from q2real.sim.env import TaskEnv
 
     return TaskEnv(_task(config.task), config)

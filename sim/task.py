@@ -10,7 +10,8 @@ import mujoco
 import torch
 
 from q2real.hardware import RobotSpec
-from q2real.hardware.spec import actuator_for_joint
+from q2real.hardware.action import action_mapping, command_from_action
+from q2real.hardware.spec import SpecError, actuator_for_joint
 from q2real.sim.physics import PhysicsState
 
 
@@ -52,17 +53,14 @@ class Task(ABC):
         self.qvel_index = torch.tensor([model.jnt_dofadr[j] for j in joint_ids], device=device)
         act_ids = [actuator_for_joint(model, j) for j in joint_ids]
         if act_ids != list(range(model.nu)):
-            raise ValueError(f"{spec.source}: joints must list one actuated joint per actuator, in actuator order")
+            raise SpecError(f"{spec.source}: joints must list one actuated joint per actuator, in actuator order")
         gear = torch.tensor(model.actuator_gear[:, 0], dtype=torch.float32, device=device)
-        effort = torch.tensor(spec.array("effort_limit"), dtype=torch.float32, device=device)
         limits = torch.tensor(spec.array("position_limits"), dtype=torch.float32, device=device)
         self.joint_low, self.joint_high = limits[:, 0], limits[:, 1]
-        self.default_pose = default = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
-        if spec.control_mode == "torque":
-            self.command_scale, self.command_offset = effort, torch.zeros_like(effort)
-        else:
-            self.command_scale = torch.minimum(limits[:, 1] - default, default - limits[:, 0]).clamp(max=math.pi)
-            self.command_offset = default
+        self.default_pose = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
+        scale, offset = action_mapping(spec)
+        self.command_scale = torch.tensor(scale, dtype=torch.float32, device=device)
+        self.command_offset = torch.tensor(offset, dtype=torch.float32, device=device)
         # MuJoCo ctrl is the command divided by the actuator gear (1 for position actuators).
         self._gear = gear if spec.control_mode == "torque" else torch.ones_like(gear)
         self.command: torch.Tensor | None = None
@@ -81,7 +79,7 @@ class Task(ABC):
 
     def action_to_ctrl(self, action: torch.Tensor) -> torch.Tensor:
         """Map policy actions in [-1, 1] to MuJoCo `ctrl` through the robot spec."""
-        return (self.command_offset + self.command_scale * action) / self._gear
+        return command_from_action(action, self.command_scale, self.command_offset) / self._gear
 
     def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
         """Fresh commands (num_envs, command_dim) for new episodes; tasks with a command override it."""

@@ -22,7 +22,15 @@ from typing import Any
 
 import torch
 
+from q2real.configs.errors import Q2RealError
+
 CHECKPOINT = "checkpoint.pt"
+
+
+class CheckpointError(Q2RealError, ValueError):
+    """A checkpoint is missing, damaged, or of a run this one cannot continue; the message names the key."""
+
+
 MAGIC = b"q2real-checkpoint 1\n"
 _DIGEST_LINE = 64 + 1  # hex sha256 and its newline
 
@@ -49,32 +57,32 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """The state saved at `path`, refused with a ValueError naming the file if it is not intact."""
+    """The state saved at `path`, refused with a CheckpointError naming the file if it is not intact."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no checkpoint here")
+        raise CheckpointError(f"{path}: no checkpoint here")
     with open(path, "rb") as handle:
         magic = handle.read(len(MAGIC))
         digest_line = handle.read(_DIGEST_LINE)
         payload = handle.read()
     if magic != MAGIC:
         if magic.startswith(b"q2real-checkpoint "):
-            raise ValueError(f"{path}: checkpoint header {magic.strip()!r}; this q2real reads {MAGIC.strip()!r}")
-        raise ValueError(
+            raise CheckpointError(f"{path}: checkpoint header {magic.strip()!r}; this q2real reads {MAGIC.strip()!r}")
+        raise CheckpointError(
             f"{path}: not a q2real checkpoint (no {MAGIC.strip().decode()!r} header): written by an older q2real, "
             "by another program, or damaged"
         )
     expected = digest_line[:-1].decode("ascii", errors="replace")
     actual = hashlib.sha256(payload).hexdigest()
     if digest_line[-1:] != b"\n" or expected != actual:
-        raise ValueError(
+        raise CheckpointError(
             f"{path}: checkpoint is corrupted: its contents hash to sha256 {actual}, but {expected!r} was "
             "recorded when it was written; resume from a copy or start a new run"
         )
     try:
         return torch.load(io.BytesIO(payload), map_location=device, weights_only=True)
     except Exception as err:
-        raise ValueError(f"{path}: not a readable q2real checkpoint: {err}") from err
+        raise CheckpointError(f"{path}: not a readable q2real checkpoint: {err}") from err
 
 
 def check_config(path: Path, stored: Mapping[str, Any], current: Mapping[str, Any], keys: Iterable[str]) -> None:
@@ -82,7 +90,7 @@ def check_config(path: Path, stored: Mapping[str, Any], current: Mapping[str, An
     for key in keys:
         saved, now = _lookup(stored, key), _lookup(current, key)
         if saved is not _MISSING and saved != now:
-            raise ValueError(f"{path}: {key}: checkpoint {saved!r}, this run {now!r}")
+            raise CheckpointError(f"{path}: {key}: checkpoint {saved!r}, this run {now!r}")
 
 
 def check_shapes(path: Path, prefix: str, stored: Any, current: Any) -> None:
@@ -91,12 +99,12 @@ def check_shapes(path: Path, prefix: str, stored: Any, current: Any) -> None:
     saved, now = _shapes(prefix, stored), _shapes(prefix, current)
     for key, shape in now.items():
         if key not in saved:
-            raise ValueError(f"{path}: {key}: missing from the checkpoint, this run has shape {shape}")
+            raise CheckpointError(f"{path}: {key}: missing from the checkpoint, this run has shape {shape}")
         if saved[key] != shape:
-            raise ValueError(f"{path}: {key}: checkpoint shape {saved[key]}, this run {shape}")
+            raise CheckpointError(f"{path}: {key}: checkpoint shape {saved[key]}, this run {shape}")
     for key, shape in saved.items():
         if key not in now:
-            raise ValueError(f"{path}: {key}: in the checkpoint (shape {shape}) but not in this run")
+            raise CheckpointError(f"{path}: {key}: in the checkpoint (shape {shape}) but not in this run")
 
 
 _MISSING = object()

@@ -7,8 +7,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from q2real.configs.errors import Q2RealError
 
-class NonFiniteError(RuntimeError):
+
+class NonFiniteError(Q2RealError, RuntimeError):
     """A loss, parameter or env output became NaN or infinite."""
 
 

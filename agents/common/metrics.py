@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from q2real.agents.common.run_dir import LogConfig, RunDir
+from q2real.configs.errors import MissingDependency
 
 
 class MetricLogger:
@@ -59,7 +60,7 @@ def _start_wandb(run: RunDir, config: LogConfig):
     try:
         import wandb
     except ImportError as err:
-        raise ImportError("log.wandb: wandb logging needs pip install 'q2real[wandb]'") from err
+        raise MissingDependency("log.wandb: wandb logging needs pip install 'q2real[wandb]'") from err
     from q2real.configs.loader import to_dict
 
     mode = config.wandb

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
-from q2real.configs.loader import to_dict
+from q2real.configs.loader import ConfigError, to_dict
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -83,7 +83,7 @@ class RunDir:
             name = log.name or f"{task.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
             self.path = Path(log.root) / name
             if (self.path / "config.yaml").exists():
-                raise FileExistsError(f"log.name: run directory {self.path} already holds a run; choose another name")
+                raise ConfigError(f"log.name: run directory {self.path} already holds a run; choose another name")
         else:
             self.path = Path(resume)
         self.path.mkdir(parents=True, exist_ok=True)

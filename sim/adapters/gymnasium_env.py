@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from q2real.configs.errors import MissingDependency
+from q2real.configs.loader import ConfigError
 from q2real.sim.config import EnvConfig, resolve_device
 from q2real.sim.vec_env import StepResult, VecEnv
 
@@ -18,9 +20,10 @@ class GymnasiumEnv(VecEnv):
         try:
             import gymnasium as gym
         except ImportError as err:
-            raise ImportError(f"env.task: 'gymnasium:{env_id}' needs gymnasium: pip install 'q2real[gym]'") from err
+            message = f"env.task: 'gymnasium:{env_id}' needs gymnasium: pip install 'q2real[gym]'"
+            raise MissingDependency(message) from err
         if config.backend == "mjx":
-            raise ValueError(f"env.backend: 'gymnasium:{env_id}' steps its own simulator; use backend=auto or mujoco")
+            raise ConfigError(f"env.backend: 'gymnasium:{env_id}' steps its own simulator; use backend=auto or mujoco")
         self.device = resolve_device(config.device)
         self.num_envs = config.num_envs
         try:
@@ -32,13 +35,13 @@ class GymnasiumEnv(VecEnv):
                 **config.task_params,
             )
         except gym.error.Error as err:
-            raise ValueError(f"env.task: 'gymnasium:{env_id}': {err}") from err
+            raise ConfigError(f"env.task: 'gymnasium:{env_id}': {err}") from err
         obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         for role, space in (("observation", obs_space), ("action", act_space)):
             if not isinstance(space, gym.spaces.Box):
-                raise ValueError(f"env.task: 'gymnasium:{env_id}': q2real needs a Box {role} space, got {space}")
+                raise ConfigError(f"env.task: 'gymnasium:{env_id}': q2real needs a Box {role} space, got {space}")
         if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
-            raise ValueError(f"env.task: 'gymnasium:{env_id}': action space must be bounded, got {act_space}")
+            raise ConfigError(f"env.task: 'gymnasium:{env_id}': action space must be bounded, got {act_space}")
         self._low = act_space.low.astype(np.float64)
         self._half_range = (act_space.high.astype(np.float64) - self._low) / 2
         self.action_scale = torch.as_tensor(self._half_range.ravel(), dtype=torch.float32, device=self.device)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from q2real.configs.errors import MissingDependency
+from q2real.configs.loader import ConfigError
 from q2real.sim.config import EnvConfig, resolve_device
 from q2real.sim.vec_env import StepResult, VecEnv
 
@@ -25,18 +27,19 @@ class PlaygroundEnv(VecEnv):
             import jax.numpy as jnp
             from mujoco_playground import registry
         except ImportError as err:
-            raise ImportError(f"env.task: 'playground:{name}' needs pip install 'q2real[playground]' ({err})") from err
+            message = f"env.task: 'playground:{name}' needs pip install 'q2real[playground]' ({err})"
+            raise MissingDependency(message) from err
         if config.backend == "mujoco":
-            raise ValueError(f"env.backend: 'playground:{name}' runs on MJX; use backend=auto or mjx")
+            raise ConfigError(f"env.backend: 'playground:{name}' runs on MJX; use backend=auto or mjx")
         if name not in registry.ALL_ENVS:
-            raise ValueError(
+            raise ConfigError(
                 f"env.task: 'playground:{name}' is not a Playground env; known: {sorted(registry.ALL_ENVS)}"
             )
         if name not in registry.dm_control_suite.ALL_ENVS:
             from mujoco_playground._src.mjx_env import MENAGERIE_PATH
 
             if not MENAGERIE_PATH.exists():
-                raise RuntimeError(
+                raise MissingDependency(
                     f"env.task: 'playground:{name}' needs MuJoCo Menagerie at {MENAGERIE_PATH}, which Playground "
                     "would git-clone at run time; put a menagerie checkout there (or run once with network). "
                     "Playground's DM Control suite envs need no download: "

@@ -21,6 +21,8 @@ import traceback
 import numpy as np
 import torch
 
+from q2real.configs.errors import MissingDependency
+from q2real.configs.loader import ConfigError
 from q2real.sim.config import EnvConfig, resolve_device
 from q2real.sim.vec_env import StepResult, VecEnv
 
@@ -79,12 +81,12 @@ class RobosuiteEnv(VecEnv):
         try:
             import robosuite  # noqa: F401  (fail here, with the install hint, not in a worker)
         except ImportError as err:
-            raise ImportError(
+            raise MissingDependency(
                 f"env.task: 'robosuite:{name}' needs robosuite: pip install 'q2real[robosuite]' && "
                 "pip install --no-deps robosuite==1.5.2"
             ) from err
         if config.backend == "mjx":
-            raise ValueError(f"env.backend: 'robosuite:{name}' steps its own simulator; use backend=auto or mujoco")
+            raise ConfigError(f"env.backend: 'robosuite:{name}' steps its own simulator; use backend=auto or mujoco")
         self.device = resolve_device(config.device)
         self.num_envs = config.num_envs
         self._name = name
@@ -110,7 +112,7 @@ class RobosuiteEnv(VecEnv):
         self.obs_dim = sum(dims)
         self.action_dim = int(np.asarray(low).size)
         if not (np.allclose(low, -1) and np.allclose(high, 1)):
-            raise ValueError(f"env.task: 'robosuite:{name}': expected actions in [-1, 1], got [{low}, {high}]")
+            raise ConfigError(f"env.task: 'robosuite:{name}': expected actions in [-1, 1], got [{low}, {high}]")
         self.action_scale = torch.ones(self.action_dim, device=self.device)
         self.action_offset = torch.zeros(self.action_dim, device=self.device)
         self.control_period = 1.0 / float(kwargs["control_freq"])

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from q2real.hardware import RobotSpec
+from q2real.hardware.spec import SpecError
 from q2real.sim.physics import PhysicsState
 from q2real.sim.task import Task, TaskConfig
 
@@ -67,7 +68,7 @@ class FloatingBaseTask(Task):
         super().__init__(spec, model, config, device)
         free = [j for j in range(model.njnt) if model.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE]
         if not free:
-            raise ValueError(f"{spec.source}: {type(self).__name__} needs a robot with a free-floating base")
+            raise SpecError(f"{spec.source}: {type(self).__name__} needs a robot with a free-floating base")
         self._free_joint = free[0]
         self._base_q, self._base_v = int(model.jnt_qposadr[free[0]]), int(model.jnt_dofadr[free[0]])
         qpos0 = model.qpos0.copy()

@@ -75,3 +75,50 @@ def test_train_then_eval_from_the_command_line(tmp_path: Path, capsys: pytest.Ca
     assert "no checkpoint.pt" in capsys.readouterr().err
     assert main(["eval", str(tmp_path)]) == 2
     assert "not a training run directory" in capsys.readouterr().err
+
+
+# --- errors -------------------------------------------------------------------------------------------------
+def test_our_errors_print_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"q2real eval: error: {tmp_path}: not a training run directory (no config.yaml)\n"
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback_of_our_errors(tmp_path: Path, where: str) -> None:
+    from q2real.configs.errors import RunDirError
+
+    args = ["eval", str(tmp_path)]
+    with pytest.raises(RunDirError, match="not a training run directory"):
+        main(["--debug", *args] if where == "before" else [*args, "--debug"])
+
+
+def test_a_bug_is_not_dressed_up_as_bad_input(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A plain ValueError (or any other) from inside a command is a programming error: it keeps its traceback."""
+    import q2real.gate.evaluation
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(q2real.gate.evaluation, "evaluate_run", broken)
+    with pytest.raises(ValueError, match="internal invariant"):
+        main(["eval", str(tmp_path)])
+
+
+def test_deploy_sim_leaves_the_loaded_config_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    import q2real.cli.main as cli
+    import q2real.deploy_ros.session
+    from q2real.deploy_ros.node import NodeConfig
+
+    handed: list[NodeConfig] = []
+    loaded = NodeConfig()
+    monkeypatch.setattr(cli, "load", lambda *args: loaded)
+
+    def deploy(bundle, config, **kwargs):
+        handed.append(config)
+        raise RuntimeError("stop before any robot starts")
+
+    monkeypatch.setattr(q2real.deploy_ros.session, "deploy", deploy)
+    with pytest.raises(RuntimeError, match="stop before"):
+        main(["deploy", "b.onnx", "--sim"])
+    assert handed[0].autostart and not loaded.autostart

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import session
 from q2real.deploy_ros.node import NodeConfig
 from q2real.deploy_ros.session import deploy
@@ -105,7 +106,7 @@ def test_a_record_path_under_a_file_stops_the_sim_robot(pendulum_bundle, spawned
 
 def test_an_existing_bag_stops_the_sim_robot(pendulum_bundle, spawned, tmp_path):
     (tmp_path / "bag").mkdir()
-    with pytest.raises(FileExistsError, match="already there"):
+    with pytest.raises(ConfigError, match="record: .*already there"):
         _deploy(pendulum_bundle, _config(record=str(tmp_path / "bag")))
     assert spawned, "the failure should come after the robot was started"
     assert not [p.pid for p in spawned if _alive(p.pid)] and not _sim_robots(os.getpid())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from q2real.configs.errors import MissingDependency
 from q2real.sim import make
 
 
@@ -54,7 +55,7 @@ def test_playground_dm_control_env_keeps_final_obs() -> None:
 
 
 def test_playground_robot_env_without_menagerie_says_why() -> None:
-    with pytest.raises(RuntimeError, match="needs MuJoCo Menagerie at .*DM Control suite envs need no download"):
+    with pytest.raises(MissingDependency, match="needs MuJoCo Menagerie at .*DM Control suite envs need no download"):
         make(task="playground:Go1JoystickFlatTerrain", num_envs=2)
 
 
