@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
-SLOW_FIXTURES = {"trained_pendulum", "trained_bundle"}
+SLOW_FIXTURES = {"trained_pendulum"}
 """Fixtures that train to a return threshold: every test using one is in the slow tier."""
+FIXTURE_RUN = Path(__file__).resolve().parent / "fixtures" / "pendulum_run"
+"""A small trained SAC run committed with the tests (regenerate: tests/fixtures/make_pendulum_run.py)."""
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+FAST_LIMIT_S = float(os.environ.get("Q2REAL_FAST_LIMIT_S", "5"))
+"""Longest a test outside the slow tier may take (setup + call + teardown) before it fails as mismarked."""
+_PHASES = pytest.StashKey[dict[str, float]]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -18,6 +27,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("mjx") or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A test without the slow marker that takes longer than FAST_LIMIT_S fails, saying so: the fast tier
+    stays fast only if what is slow is marked. Session fixtures built in a test's setup count against it."""
+    report = yield
+    phases = item.stash.setdefault(_PHASES, {})
+    phases[call.when] = call.duration
+    total = sum(phases.values())
+    if call.when == "teardown" and not item.get_closest_marker("slow") and total > FAST_LIMIT_S and report.passed:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} took {total:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}), over the "
+            f"fast tier's {FAST_LIMIT_S:g} s: mark it @pytest.mark.slow or make it faster"
+        )
+    return report
+
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +70,14 @@ def trained_pendulum(tmp_path_factory: pytest.TempPathFactory):
         "sac.critic_hidden=[128,128]",
     ]
     return train(load(TrainConfig, None, overrides))
+
+
+@pytest.fixture(scope="session")
+def pendulum_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the committed trained run (checkpoint, bundle, metrics), free for tests to write into.
+
+    It swings the pendulum up (`tests/gate/test_fixture_run.py` checks that it still does), so tests
+    of export, evaluation, the gate and the deploy node have a real policy without training one."""
+    run = tmp_path_factory.mktemp("committed") / FIXTURE_RUN.name
+    shutil.copytree(FIXTURE_RUN, run)
+    return run

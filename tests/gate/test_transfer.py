@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from q2real.agents.callbacks import evaluate
-from q2real.agents.export import export_run
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.gate.transfer import perturbations, run_gate, shielded_returns
+from q2real.gate.transfer import GateError, perturbations, run_gate, shielded_returns
 from q2real.sim import RandomizationConfig, make
 
 
@@ -31,12 +30,6 @@ def test_rows_follow_the_training_ranges() -> None:
     assert (together.mass_scale, together.action_latency, together.obs_noise_std) == ((0.8, 1.2), (0, 1), 0.01)
     assert together.friction_scale == (1.0, 1.0)
     assert not rows["all beyond"].in_range and rows["all beyond"].randomization.push_force[1] > 0
-
-
-@pytest.fixture(scope="module")
-def pendulum_run(trained_pendulum) -> Path:
-    export_run(trained_pendulum.path)
-    return trained_pendulum.path
 
 
 def test_the_shield_is_transparent_to_an_in_limit_policy(pendulum_run: Path) -> None:
@@ -78,10 +71,10 @@ def test_gate_refuses_a_run_without_evaluations(tmp_path: Path, pendulum_run: Pa
     (run / "config.yaml").write_text((pendulum_run / "config.yaml").read_text())
     (run / "policy.onnx").write_bytes((pendulum_run / "policy.onnx").read_bytes())
     (run / "policy.onnx.json").write_text((pendulum_run / "policy.onnx.json").read_text())
-    with pytest.raises(ValueError, match="no eval_return logged"):
+    with pytest.raises(GateError, match="no eval_return logged"):
         run_gate(run, backend="mujoco", only=["nominal"], progress=lambda _: None)
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval_return": 1.0}) + "\n")
-    with pytest.raises(ValueError, match=r"--only: unknown rows \['bogus'\]"):
+    with pytest.raises(GateError, match=r"--only: unknown rows \['bogus'\]"):
         run_gate(run, backend="mujoco", only=["bogus"], progress=lambda _: None)
     report = run_gate(run, backend="mujoco", episodes=3, only=["nominal"], progress=lambda _: None)
     # Same backend, no perturbation, same episodes: the row is the reference itself.

@@ -1,0 +1,104 @@
+"""Every learner's update on tiny networks, in milliseconds: parameters move, losses stay finite,
+target networks are Polyak-averaged, and the learner's state round-trips through save/load."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import pytest
+import torch
+
+from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.replay import Batch
+from q2real.agents.config import LEARNER_CONFIGS
+from q2real.agents.learners import ALGORITHMS
+
+OBS, ACT, ENVS, BATCH = 3, 2, 2, 16
+VARIANTS = {
+    **{algo: {} for algo in LEARNER_CONFIGS},
+    "td3-fast": {"critic_head": "categorical", "target_actor": False, "exploration_noise_min": 0.01},
+    "sac-huber": {"huber": True, "n_step": 3},
+}
+
+
+def tiny(name: str) -> ActorCritic:
+    algo = name.split("-")[0]
+    config = dataclasses.replace(
+        LEARNER_CONFIGS[algo](), actor_hidden=(8, 8), critic_hidden=(8, 8), batch_size=BATCH, **VARIANTS[name]
+    )
+    return ALGORITHMS[algo](config, OBS, ACT, ENVS, torch.device("cpu"))
+
+
+def batch(seed: int = 0) -> Batch:
+    gen = torch.Generator().manual_seed(seed)
+    return Batch(
+        obs=torch.randn(BATCH, OBS, generator=gen),
+        action=torch.rand(BATCH, ACT, generator=gen) * 2 - 1,
+        reward=torch.randn(BATCH, generator=gen),
+        next_obs=torch.randn(BATCH, OBS, generator=gen),
+        discount=torch.full((BATCH,), 0.99),
+        row=torch.arange(BATCH),
+        env=torch.zeros(BATCH, dtype=torch.long),
+    )
+
+
+def flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+@pytest.fixture(params=sorted(VARIANTS))
+def agent(request: pytest.FixtureRequest) -> ActorCritic:
+    torch.manual_seed(0)
+    return tiny(request.param)
+
+
+def test_an_update_moves_critic_and_actor_with_finite_losses(agent: ActorCritic) -> None:
+    critic, actor = flat(agent.critic), flat(agent.actor)
+    metrics = agent.update(batch())
+    assert {"critic_loss", "actor_loss"} <= set(metrics)
+    assert all(torch.isfinite(value).all() for value in metrics.values()), metrics
+    assert not torch.equal(flat(agent.critic), critic)
+    assert not torch.equal(flat(agent.actor), actor)
+    assert agent.last_td_abs.shape == (BATCH,) and torch.isfinite(agent.last_td_abs).all()
+
+
+def test_the_target_critic_is_the_polyak_average(agent: ActorCritic) -> None:
+    target_before = flat(agent.critic_target)
+    agent.critic_update(batch())
+    tau = agent.config.tau
+    expected = (1 - tau) * target_before + tau * flat(agent.critic)
+    torch.testing.assert_close(flat(agent.critic_target), expected)
+
+
+def test_the_actor_steps_every_policy_delay_critic_updates(agent: ActorCritic) -> None:
+    due = []
+    for i in range(6):
+        agent.critic_update(batch(i))
+        due.append(agent.actor_due())
+    delay = agent.config.policy_delay
+    assert due == [i % delay == 0 for i in range(6)]
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_save_and_load_round_trip_continues_identically(name: str) -> None:
+    agent = tiny(name)
+    for i in range(3):
+        agent.update(batch(i))
+    buffer = io.BytesIO()
+    optimizers = {key: optim.state_dict() for key, optim in agent.optimizers().items()}
+    torch.save({"agent": agent.state_dict(), "extra": agent.extra_state(), "optimizers": optimizers}, buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    fresh = tiny(name)
+    fresh.load_state_dict(state["agent"])
+    fresh.load_extra_state(state["extra"])
+    for key, optim in fresh.optimizers().items():
+        optim.load_state_dict(state["optimizers"][key])
+    fresh.updates = agent.updates
+    for model in (agent, fresh):
+        torch.manual_seed(7)
+        model.update(batch(9))
+    torch.testing.assert_close(flat(fresh.critic), flat(agent.critic), rtol=0, atol=0)
+    torch.testing.assert_close(flat(fresh.actor), flat(agent.actor), rtol=0, atol=0)
+    torch.testing.assert_close(flat(fresh.critic_target), flat(agent.critic_target), rtol=0, atol=0)
