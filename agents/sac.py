@@ -53,6 +53,7 @@ class SACConfig(ActorCriticConfig):
 
 class SAC(ActorCritic):
     config: SACConfig
+    actor: GaussianActor
 
     def __init__(self, config: SACConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
         super().__init__(config, obs_dim, action_dim, num_envs, device)
@@ -100,6 +101,7 @@ class SAC(ActorCritic):
 
     def after_actor_step(self) -> None:
         self.alpha_optim.zero_grad(set_to_none=True)
+        assert self._alpha_loss is not None, "after_actor_step runs after actor_loss"
         self._alpha_loss.backward()
         self.alpha_optim.step()
 

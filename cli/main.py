@@ -35,7 +35,7 @@ def _envs(args: argparse.Namespace) -> int:
     rows = [("task", "robot", "obs", "act", "control", "episode", "backends")]
     for name in registry.task_names():
         info = registry.describe(name)
-        env = registry.make(task=name, num_envs=1, backend="mujoco", device="cpu")
+        env = registry.make_task(task=name, num_envs=1, backend="mujoco", device="cpu")
         spec = env.spec
         rows.append(
             (
@@ -177,7 +177,7 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="q2real", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="q2real", description="Off-policy RL from batched MuJoCo to ROS 2 robots")
     parser.add_argument("--debug", action="store_true", help="show the traceback of q2real's own errors too")
     # Also accepted after the command (`q2real train --debug`); SUPPRESS keeps a flag given before it.
     common = argparse.ArgumentParser(add_help=False)

@@ -72,7 +72,7 @@ def _coerce(value: Any, tp: Any, source: str, key: str) -> Any:
         if value not in args:
             raise ConfigError(f"{where}: expected one of {list(args)}, got {value!r}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {value!r}")
         return merge(tp(), value, source, prefix=f"{key}.")
@@ -118,7 +118,7 @@ def _coerce(value: Any, tp: Any, source: str, key: str) -> Any:
     raise TypeError(f"{where}: config fields of type {tp} are not supported")
 
 
-def merge(config: T, data: Mapping[str, Any], source: str, prefix: str = "") -> T:
+def merge(config: T, data: Mapping[str, Any], source: str, prefix: str = "") -> T:  # T: a dataclass instance
     """A copy of `config` with the keys in `data` applied; unknown keys and bad types raise ConfigError."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
@@ -132,7 +132,7 @@ def merge(config: T, data: Mapping[str, Any], source: str, prefix: str = "") -> 
             changes[by] = chosen
             if chosen != getattr(config, by):
                 changes[name] = choices[chosen]()
-    public = {f.name for f in dataclasses.fields(config)} - set(sections)
+    public = {f.name for f in dataclasses.fields(config)} - set(sections)  # pyright: ignore[reportArgumentType]
     keys = public | {choice for _, choices in sections.values() for choice in choices}
     for key, value in data.items():
         where = f"{source}: {prefix}{key}"

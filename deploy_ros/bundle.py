@@ -76,8 +76,9 @@ class PolicyBundle:
             except Exception as err:
                 raise BundleError(f"{source}: graph fails on a batch of {batch} zero observations: {err}") from err
             if not isinstance(probe, np.ndarray) or probe.shape != (batch, act_dim):
+                shape = list(probe.shape) if isinstance(probe, np.ndarray) else type(probe).__name__
                 raise BundleError(
-                    f"{source}: graph actions shape {list(np.shape(probe))} for a batch of {batch} disagrees "
+                    f"{source}: graph actions shape {shape} for a batch of {batch} disagrees "
                     f"with metadata (expected [{batch}, {act_dim}])"
                 )
 
@@ -86,7 +87,7 @@ class PolicyBundle:
         obs = np.asarray(obs, dtype=np.float32)
         if obs.ndim != 2 or obs.shape[1] != self.info.obs_dim:
             raise ValueError(f"obs: expected shape (batch, {self.info.obs_dim}), got {obs.shape}")
-        return self.session.run(None, {"obs": obs})[0]
+        return np.asarray(self.session.run(None, {"obs": obs})[0])
 
     def normalized(self, commands: np.ndarray) -> np.ndarray:
         """Back from joint commands to the policy's [-1, 1] action space (for evaluating in sim)."""

@@ -151,7 +151,7 @@ class DdsNode:
                 f"no joint state on {dds_topic(self.node.config.topics.joint_states)} within {timeout} s "
                 f"(domain {domain_id()}): is the robot running?"
             )
-        self.node.check_robot(self._first_names)
+        self.node.check_robot(self._first_names or [])
 
     def publish(self, tick: Tick) -> None:
         node = self.node

@@ -10,10 +10,16 @@ No `from __future__ import annotations` here: cyclonedds resolves the field anno
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cyclonedds.idl import IdlStruct
 from cyclonedds.idl.annotations import final
-from cyclonedds.idl.types import float32, float64, int32, sequence, uint8, uint32
+from cyclonedds.idl.types import float32, float64, int32, uint8, uint32
+
+if TYPE_CHECKING:  # at run time `sequence[T]` is Annotated[Sequence[T], <IDL bounds>]; a checker needs the Sequence
+    from collections.abc import Sequence as sequence
+else:
+    from cyclonedds.idl.types import sequence
 
 
 def _name(ros_type: str) -> str:

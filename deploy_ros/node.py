@@ -552,4 +552,4 @@ class PolicyNode:
 
 
 def flag_names(flags: int) -> str:
-    return "|".join(rule.name for rule in Rule if flags & rule) or "-"
+    return "|".join(str(rule.name) for rule in Rule if flags & rule) or "-"

@@ -11,6 +11,9 @@ Run: `ros2 run q2real_deploy policy_node --ros-args -p policy.path:=/path/policy
 file in `deploy_ros/ros2/launch`.
 """
 
+# rclpy and the ROS message packages come from a ROS 2 install, not from q2real's dependencies.
+# pyright: reportMissingImports=false
+
 from __future__ import annotations
 
 import threading

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import mujoco
 import numpy as np
@@ -34,7 +35,7 @@ from q2real.hardware.spec import RobotSpec, actuator_for_joint, robot_spec
 class SimRobotConfig:
     rate: float | None = None
     """Joint-state and control rate in Hz; None: the spec's control rate."""
-    command_style: str = "forward"
+    command_style: Literal["forward", "trajectory"] = "forward"
     joint_states_topic: str = "/joint_states"
     command_topic: str | None = None
     """None: the default topic of the command style's ros2_control controller."""
@@ -133,7 +134,9 @@ class SimRobot:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m q2real.deploy_ros.sim_robot", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m q2real.deploy_ros.sim_robot", description="A robot played by MuJoCo in real time over ROS 2 DDS"
+    )
     parser.add_argument("robot", help="robot spec name in q2real/hardware (e.g. pendulum)")
     parser.add_argument("--rate", type=float, default=None, help="Hz (default: the spec's control rate)")
     parser.add_argument("--command-style", choices=("forward", "trajectory"), default="forward")

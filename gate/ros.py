@@ -11,6 +11,7 @@ reset distribution, and runs in real time, so this row takes one episode of wall
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from pathlib import Path
@@ -26,8 +27,8 @@ from q2real.deploy_ros.node import NODE_NAME, NodeConfig
 from q2real.deploy_ros.session import deploy
 from q2real.gate.transfer import GateError
 from q2real.hardware.action import action_from_command
-from q2real.sim import make
 from q2real.sim.physics import PhysicsState
+from q2real.sim.registry import make_task
 
 
 class _Wire:
@@ -56,7 +57,7 @@ class _Wire:
 
 def ros_return(bundle: str | Path, config: TrainConfig, progress=print) -> float:
     """Return of one episode of the bundle run through the ROS 2 node on the sim robot."""
-    env = make(dataclasses.replace(config.env, num_envs=1, backend="mujoco", device="cpu"))
+    env = make_task(dataclasses.replace(config.env, num_envs=1, backend="mujoco", device="cpu"))
     task, model = env.task, env.task.model
     env.close()
     node_config = NodeConfig(autostart=True)
@@ -99,7 +100,8 @@ def ros_return(bundle: str | Path, config: TrainConfig, progress=print) -> float
 
 def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> float:
     data = mujoco.MjData(model)
-    states = [s for s in wire.states if s[0] >= wire.run_since][:episode]
+    run_since = wire.run_since if wire.run_since is not None else math.inf
+    states = [s for s in wire.states if s[0] >= run_since][:episode]
     if len(states) < episode:
         raise GateError(f"ROS 2 row: recorded {len(states)} joint states after RUN, fewer than one episode ({episode})")
     scale, offset = task.command_scale.numpy(), task.command_offset.numpy()

@@ -31,9 +31,10 @@ from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.schema import robot_from_metadata
 from q2real.hardware.action import action_from_command
 from q2real.safety.shield import Shield, ShieldConfig
-from q2real.sim import RandomizationConfig, make
+from q2real.sim import RandomizationConfig
 from q2real.sim.config import resolve_backend
 from q2real.sim.env import TaskEnv
+from q2real.sim.registry import make_task
 
 NEUTRAL = RandomizationConfig()
 SCALES = ("mass_scale", "friction_scale", "damping_scale", "actuator_gain_scale", "kp_scale", "kd_scale")
@@ -205,7 +206,7 @@ def run_gate(
         rows_wanted = [p for p in rows_wanted if p.name in only]
 
     def returns_on(on: str, randomization: RandomizationConfig) -> torch.Tensor:
-        env = make(
+        env = make_task(
             dataclasses.replace(
                 config.env, backend=on, device="cpu", num_envs=episodes, seed=seed, randomization=randomization
             )

@@ -142,7 +142,7 @@ def convert(source: Source) -> str:
         if source.actuator == "position":  # gains come from robot.yaml when the model is loaded
             act.gaintype, act.biastype = mujoco.mjtGain.mjGAIN_FIXED, mujoco.mjtBias.mjBIAS_AFFINE
             act.gainprm[0], act.biasprm[:3] = 1.0, (0.0, -1.0, 0.0)
-    spec.option.gravity = (0.0, 0.0, -9.81)
+    spec.option.gravity = np.array([0.0, 0.0, -9.81])
     spec.option.timestep = source.timestep
     spec.option.integrator = getattr(mujoco.mjtIntegrator, f"mjINT_{source.integrator.upper()}")
     spec.option.solver = mujoco.mjtSolver.mjSOL_NEWTON
@@ -154,7 +154,7 @@ def convert(source: Source) -> str:
     )
     spec.worldbody.add_light(pos=(0, 0, 3), dir=(0, 0, -1))
     if source.base_height is not None:
-        spec.body(spec.bodies[1].name).pos = (0.0, 0.0, source.base_height)
+        spec.body(spec.bodies[1].name).pos = np.array([0.0, 0.0, source.base_height])
     spec.compile()
     header = f"<!-- Imported by q2real.hardware.importer from {source.package}: {source.path}. -->\n"
     return header + spec.to_xml()

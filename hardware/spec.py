@@ -158,7 +158,8 @@ def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = Fa
     try:
         value = float(value)
     except OverflowError:
-        raise SpecError(f"{where}: expected a number that fits a float, got a {value.bit_length()}-bit int") from None
+        bits = int(value).bit_length()
+        raise SpecError(f"{where}: expected a number that fits a float, got a {bits}-bit int") from None
     if math.isnan(value):
         raise SpecError(f"{where}: expected a number, got NaN")
     if positive and not (value > 0 and math.isfinite(value)):

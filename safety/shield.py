@@ -39,8 +39,8 @@ from q2real.safety.flags import Mode, Rule
 from q2real.safety.limits import clip, gain_scale, outward_effort_zeroed
 
 # Plain ints in the per-tick path: IntFlag arithmetic costs microseconds per operation.
-R = SimpleNamespace(**{rule.name: int(rule) for rule in Rule})
-_BITS = [(rule.name, int(rule)) for rule in Rule]
+R = SimpleNamespace(**{str(rule.name): int(rule) for rule in Rule})
+_BITS = [(str(rule.name), int(rule)) for rule in Rule]
 
 Veto = Callable[[np.ndarray, np.ndarray, np.ndarray], bool]
 """veto(q, qd, action) -> True when the action is unsafe and must be replaced by the fallback."""
@@ -120,7 +120,7 @@ class Command:
 
 @dataclass
 class Counters:
-    rules: dict[str, int] = field(default_factory=lambda: {r.name: 0 for r in Rule})
+    rules: dict[str, int] = field(default_factory=lambda: {str(r.name): 0 for r in Rule})
     ticks: int = 0
 
     def add(self, flags: int) -> None:
@@ -206,7 +206,8 @@ class Shield:
         self._effort_reach = self.max_effort * self._inv_kp
         self.mode = Mode.PASSIVE
         self.counters = Counters()
-        self._q = self._qd = None
+        self._q: np.ndarray | None = None
+        self._qd: np.ndarray | None = None
         self._last_valid: float | None = None
         self._previous = clip(self.default, self.hard_lo, self.hard_hi)
         self._misses = self._bad = 0
@@ -259,7 +260,7 @@ class Shield:
             self._set_mode(Mode.HOLD if self.config.fallback == "hold" else Mode.DAMP, reason)
 
     # --- one tick --------------------------------------------------------------------------------
-    def _read_state(self, names: Sequence[str], position, velocity, stamp: float, now: float) -> Rule:
+    def _read_state(self, names: Sequence[str], position, velocity, stamp: float, now: float) -> int:
         flags = 0
         try:
             position = np.asarray(position, dtype=float).reshape(-1)
@@ -306,7 +307,7 @@ class Shield:
             self._q, self._qd, self._last_valid = q, qd, min(stamp, now)
         return flags
 
-    def _action(self, action, policy_time: float | None) -> tuple[np.ndarray | None, Rule]:
+    def _action(self, action, policy_time: float | None) -> tuple[np.ndarray | None, int]:
         if action is None or (policy_time is not None and not policy_time <= self.deadline):
             self._misses += 1
             if self._misses >= self.config.max_deadline_misses:
@@ -353,7 +354,7 @@ class Shield:
         if self.mode == Mode.RUN:
             action, action_flags = self._action(action, policy_time)
             flags |= action_flags
-            if action is not None and self.veto is not None and self._q is not None:
+            if action is not None and self.veto is not None and self._q is not None and self._qd is not None:
                 if self.veto(self._q.copy(), self._qd.copy(), action.copy()):
                     flags |= R.VETO
                     action = None
@@ -370,10 +371,11 @@ class Shield:
             self._ramp_ticks += 1
             ramp = self.config.ramp_time
             alpha = min(1.0, self._ramp_ticks * self.dt / ramp) if ramp > 0 else 1.0
+            assert self._ramp_from is not None, "RAMP starts from a measured pose"
             target = (1 - alpha) * self._ramp_from + alpha * self.default
         return self._finish(target, effort, flags)
 
-    def _finish(self, target: np.ndarray, effort: np.ndarray, flags: Rule) -> Command:
+    def _finish(self, target: np.ndarray, effort: np.ndarray, flags: int) -> Command:
         mode = self.mode
         n = len(self.names)
         q = self._q if self._q is not None else self._previous

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from q2real.configs.loader import ConfigError
 from q2real.sim.config import EnvConfig
@@ -16,6 +17,9 @@ from q2real.sim.tasks.gr1_stand import GR1Stand
 from q2real.sim.tasks.pendulum import PendulumSwingup
 from q2real.sim.tasks.spot_joystick import SpotJoystick
 from q2real.sim.vec_env import VecEnv
+
+if TYPE_CHECKING:
+    from q2real.sim.env import TaskEnv
 
 TASKS: dict[str, type[Task]] = {
     "pendulum_swingup": PendulumSwingup,
@@ -82,6 +86,13 @@ def make(config: EnvConfig | None = None, **changes) -> VecEnv:
 
             return RobosuiteEnv(rest, config)
         raise ConfigError(f"env.task: unknown adapter '{prefix}:' in '{config.task}'; known: {sorted(ADAPTERS)}")
+    return make_task(config)
+
+
+def make_task(config: EnvConfig | None = None, **changes) -> TaskEnv:
+    """`make` for a registered q2real task (not an adapter), whose robot, physics and task internals are
+    open to evaluation code."""
     from q2real.sim.env import TaskEnv
 
+    config = dataclasses.replace(config or EnvConfig(), **changes)
     return TaskEnv(_task(config.task), config)

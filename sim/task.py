@@ -63,8 +63,8 @@ class Task(ABC):
         self.command_offset = torch.tensor(offset, dtype=torch.float32, device=device)
         # MuJoCo ctrl is the command divided by the actuator gear (1 for position actuators).
         self._gear = gear if spec.control_mode == "torque" else torch.ones_like(gear)
-        self.command: torch.Tensor | None = None
-        """The current command of every env (num_envs, command_dim)."""
+        self.command = torch.zeros(0, self.command_dim, device=device)
+        """The current command of every env (num_envs, command_dim); no rows before the first reset."""
 
     @property
     def push_body(self) -> int:
@@ -88,7 +88,7 @@ class Task(ABC):
     def resample_command(self, mask: torch.Tensor, gen: torch.Generator) -> None:
         """Give the envs where `mask` is true a new command (called on every reset)."""
         new = self.sample_command(mask.shape[0], gen)
-        self.command = new if self.command is None else torch.where(mask[:, None], new, self.command)
+        self.command = new if len(self.command) != len(new) else torch.where(mask[:, None], new, self.command)
 
     @abstractmethod
     def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

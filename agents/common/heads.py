@@ -47,6 +47,8 @@ class ScalarHead(nn.Module):
 class CategoricalHead(nn.Module):
     """Fixed support of `num_atoms` values in [v_min, v_max]; Q = E[z]."""
 
+    atoms: torch.Tensor
+
     def __init__(self, num_atoms: int, v_min: float, v_max: float):
         super().__init__()
         self.out_features = num_atoms

@@ -58,7 +58,8 @@ class MetricLogger:
 
 def _start_wandb(run: RunDir, config: LogConfig):
     try:
-        import wandb
+        # An optional extra; the checker's environment may not have it.
+        import wandb  # pyright: ignore[reportMissingImports]
     except ImportError as err:
         raise MissingDependency("log.wandb: wandb logging needs pip install 'q2real[wandb]'") from err
     from q2real.configs.loader import to_dict

@@ -57,6 +57,9 @@ class EnsembleLayerNorm(nn.Module):
 class EnsembleBatchNorm(nn.Module):
     """BatchNorm over the batch dimension with separate statistics and affine terms per member."""
 
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
     def __init__(self, ensemble: int, features: int, momentum: float = 0.01, eps: float = 1e-5):
         super().__init__()
         self.scale = nn.Parameter(torch.ones(ensemble, 1, features))
@@ -207,7 +210,8 @@ class GaussianActor(nn.Module):
 @torch.no_grad()
 def polyak(target: nn.Module, online: nn.Module, tau: float) -> None:
     """target <- (1 - tau) target + tau online, for parameters; buffers (norm statistics) are copied."""
-    target_params, online_params = list(target.parameters()), list(online.parameters())
-    torch._foreach_lerp_(target_params, online_params, tau)
+    target_params: list[torch.Tensor] = list(target.parameters())
+    online_params: list[torch.Tensor] = list(online.parameters())
+    torch._foreach_lerp_(target_params, online_params, tau)  # pyright: ignore[reportPrivateImportUsage]
     for t, o in zip(target.buffers(), online.buffers(), strict=True):
         t.copy_(o)

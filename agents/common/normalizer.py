@@ -12,6 +12,10 @@ class ObsNormalizer(nn.Module):
     Its buffers live in the agent's state dict, so a checkpoint or an exported bundle carries them.
     """
 
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-4, enabled: bool = True):
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim))
@@ -40,6 +44,12 @@ class ReturnScaler(nn.Module):
     """FlashSAC's reward scale (Sec. 3.3): r / max(sqrt(Var[G] + eps), G_r_max / G_max), where G is a
     running discounted return per env and G_r_max the largest |G| seen, so categorical critics with a
     fixed support [-G_max, G_max] fit any task's reward magnitude."""
+
+    ret: torch.Tensor
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+    abs_max: torch.Tensor
 
     def __init__(self, num_envs: int, gamma: float, g_max: float, enabled: bool = True):
         super().__init__()

@@ -40,6 +40,7 @@ class GymnasiumEnv(VecEnv):
         for role, space in (("observation", obs_space), ("action", act_space)):
             if not isinstance(space, gym.spaces.Box):
                 raise ConfigError(f"env.task: 'gymnasium:{env_id}': q2real needs a Box {role} space, got {space}")
+        assert isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)  # checked just above
         if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
             raise ConfigError(f"env.task: 'gymnasium:{env_id}': action space must be bounded, got {act_space}")
         self._low = act_space.low.astype(np.float64)
@@ -47,7 +48,8 @@ class GymnasiumEnv(VecEnv):
         self.action_scale = torch.as_tensor(self._half_range.ravel(), dtype=torch.float32, device=self.device)
         offset = (self._low + self._half_range).ravel()
         self.action_offset = torch.as_tensor(offset, dtype=torch.float32, device=self.device)
-        dt = getattr(self._env.envs[0].unwrapped, "dt", None) if hasattr(self._env, "envs") else None
+        envs = getattr(self._env, "envs", None)
+        dt = getattr(envs[0].unwrapped, "dt", None) if envs else None
         self.control_period = float(dt) if dt else None
         self.obs_dim = int(np.prod(obs_space.shape))
         self.action_dim = int(np.prod(act_space.shape))
@@ -62,8 +64,8 @@ class GymnasiumEnv(VecEnv):
         return self._tensor(obs)
 
     def step(self, action: torch.Tensor) -> StepResult:
-        action = self.check_action(action).cpu().double().numpy()
-        env_action = (self._low + (action + 1) * self._half_range).reshape(self._env.action_space.shape)
+        unit = self.check_action(action).cpu().double().numpy()
+        env_action = (self._low + (unit + 1) * self._half_range).reshape(self._env.action_space.shape)
         obs, reward, terminated, truncated, info = self._env.step(env_action)
         next_obs = np.array(obs, dtype=np.float32).reshape(self.num_envs, -1)
         if "_final_obs" in info:

@@ -48,7 +48,7 @@ class PlaygroundEnv(VecEnv):
         self._env = registry.load(name, config_overrides={"impl": "jax", **config.task_params})
         self.device = resolve_device(config.device)
         self.num_envs = n = config.num_envs
-        self.episode_length = int(self._env._config.episode_length)
+        self.episode_length = int(self._env._config.episode_length)  # pyright: ignore[reportArgumentType]
         self.action_dim = int(self._env.action_size)
         self.control_period = float(self._env.dt)
         self.action_scale = torch.ones(self.action_dim, device=self.device)

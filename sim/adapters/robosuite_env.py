@@ -108,8 +108,8 @@ class RobosuiteEnv(VecEnv):
         self._counts = counts
         replies = [self._receive(pipe) for pipe in self._pipes]
         dims, (low, high) = replies[0]
-        self.obs_names, self.obs_dims = TERMS, tuple(dims)
-        self.obs_dim = sum(dims)
+        self.obs_names, self.obs_dims = TERMS, tuple(int(d) for d in dims)
+        self.obs_dim = sum(self.obs_dims)
         self.action_dim = int(np.asarray(low).size)
         if not (np.allclose(low, -1) and np.allclose(high, 1)):
             raise ConfigError(f"env.task: 'robosuite:{name}': expected actions in [-1, 1], got [{low}, {high}]")
@@ -137,10 +137,10 @@ class RobosuiteEnv(VecEnv):
         return self._tensor(np.concatenate([self._receive(pipe) for pipe in self._pipes]))
 
     def step(self, action: torch.Tensor) -> StepResult:
-        action = self.check_action(action).cpu().double().numpy()
+        unit = self.check_action(action).cpu().double().numpy()
         start = 0
         for pipe, count in zip(self._pipes, self._counts, strict=True):
-            pipe.send(("step", action[start : start + count]))
+            pipe.send(("step", unit[start : start + count]))
             start += count
         parts = [self._receive(pipe) for pipe in self._pipes]
         obs, next_obs, reward, truncated, success = (np.concatenate(column) for column in zip(*parts, strict=True))

@@ -78,6 +78,7 @@ class MjxBackend:
 
     def _view(self) -> PhysicsState:
         d = self._data
+        assert d is not None, "the backend was closed"
         return PhysicsState(
             _to_torch(d.qpos, self.device), _to_torch(d.qvel, self.device), _to_torch(d.sensordata, self.device)
         )

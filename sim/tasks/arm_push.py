@@ -39,6 +39,7 @@ class ArmPushConfig(TaskConfig):
 class ArmPush(Task):
     robot = "panda"
     Config = ArmPushConfig
+    config: ArmPushConfig
     command_dim = 2
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmPushConfig, device: torch.device):

@@ -52,6 +52,7 @@ class ArmReachConfig(TaskConfig):
 class ArmReach(Task):
     robot = "panda"
     Config = ArmReachConfig
+    config: ArmReachConfig
     command_dim = 3
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmReachConfig, device: torch.device):

@@ -34,6 +34,7 @@ class CartpoleConfig(TaskConfig):
 class CartpoleSwingup(Task):
     robot = "cartpole"
     Config = CartpoleConfig
+    config: CartpoleConfig
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: CartpoleConfig, device: torch.device):
         super().__init__(spec, model, config, device)

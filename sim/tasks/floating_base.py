@@ -63,6 +63,7 @@ class FloatingBaseTask(Task):
     """A robot whose first joint is a free joint, reset standing on its default pose with a random heading."""
 
     Config = FloatingBaseConfig
+    config: FloatingBaseConfig
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: FloatingBaseConfig, device: torch.device):
         super().__init__(spec, model, config, device)

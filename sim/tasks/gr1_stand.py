@@ -33,6 +33,7 @@ class GR1StandConfig(FloatingBaseConfig):
 class GR1Stand(FloatingBaseTask):
     robot = "gr1"
     Config = GR1StandConfig
+    config: GR1StandConfig
 
     def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
         return {

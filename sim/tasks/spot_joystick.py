@@ -34,6 +34,7 @@ class SpotJoystickConfig(FloatingBaseConfig):
 class SpotJoystick(FloatingBaseTask):
     robot = "spot"
     Config = SpotJoystickConfig
+    config: SpotJoystickConfig
     command_dim = 3
 
     def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
