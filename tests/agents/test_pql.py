@@ -25,10 +25,11 @@ from q2real.configs.loader import load
 pytestmark = pytest.mark.slow  # learner processes
 
 
-def _config(tmp_path: Path, *extra: str) -> TrainConfig:
+def _config(tmp_path: Path, *extra: str, algo: str = "sac") -> TrainConfig:
     overrides = ["pql.enabled=true", "total_steps=4000", "warmup_steps=600", "eval_every=0", "eval_envs=2"]
     overrides += ["checkpoint_every=0", "log.interval_steps=500", f"log.root={tmp_path}", "log.tensorboard=false"]
-    overrides += ["sac.actor_hidden=[64,64]", "sac.critic_hidden=[64,64]", "sac.batch_size=128", *extra]
+    overrides += [f"algo={algo}", f"{algo}.actor_hidden=[64,64]", f"{algo}.critic_hidden=[64,64]"]
+    overrides += [f"{algo}.batch_size=128", *extra]
     return load(TrainConfig, None, overrides)
 
 
@@ -111,8 +112,8 @@ def test_ctrl_c_writes_a_final_checkpoint_and_resume_continues(tmp_path: Path) -
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("algo", ["td3", "flashsac"])
 def test_every_learner_runs_under_pql(tmp_path: Path, algo: str) -> None:
-    extra = [f"algo={algo}", "total_steps=2000", f"{algo}.batch_size=64"]
-    trainer = train(_config(tmp_path, *extra, f"{algo}.actor_hidden=[32]", f"{algo}.critic_hidden=[32]"))
+    extra = ["total_steps=2000", f"{algo}.batch_size=64", f"{algo}.actor_hidden=[32]", f"{algo}.critic_hidden=[32]"]
+    trainer = train(_config(tmp_path, *extra, algo=algo))
     learned = trainer.iteration - -(-trainer.config.warmup_steps // trainer.env.num_envs)
     assert trainer.agent.updates == pytest.approx(learned, rel=0.2)
     assert _no_learner_processes()
