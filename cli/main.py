@@ -135,8 +135,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from q2real.deploy_ros.node import NodeConfig
     from q2real.deploy_ros.session import deploy
+    from q2real.deploy_ros.settings import NodeConfig
 
     config = load(NodeConfig, args.preset, args.overrides)
     if args.sim and "autostart" not in parse_overrides(args.overrides):

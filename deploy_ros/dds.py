@@ -26,7 +26,8 @@ from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
-from q2real.deploy_ros.node import NODE_NAME, PolicyNode, Tick, resolve_topic
+from q2real.deploy_ros.node import PolicyNode, Tick
+from q2real.deploy_ros.settings import NODE_NAME, resolve_topic
 
 DEFAULT_QOS = Qos(
     Policy.Reliability.Reliable(duration(milliseconds=100)),

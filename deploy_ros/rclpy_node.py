@@ -31,7 +31,8 @@ from std_msgs.msg import Bool, Empty, Float64MultiArray, Header, MultiArrayDimen
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
-from q2real.deploy_ros.node import NODE_NAME, PolicyNode, Tick, config_from_parameters
+from q2real.deploy_ros.node import PolicyNode, Tick
+from q2real.deploy_ros.settings import NODE_NAME, config_from_parameters
 
 MESSAGES = SimpleNamespace(
     Time=Time,

@@ -20,7 +20,8 @@ from rosbags.typesys import Stores, get_typestore
 
 from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.node import NODE_NAME, Tick
+from q2real.deploy_ros.node import Tick
+from q2real.deploy_ros.settings import NODE_NAME
 
 
 def _floats(kind: type, values) -> object:

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from q2real.deploy_ros.dds import DdsNode, use_loopback
-from q2real.deploy_ros.node import NodeConfig, PolicyNode
+from q2real.deploy_ros.node import PolicyNode
+from q2real.deploy_ros.settings import NodeConfig
 
 
 @dataclass

@@ -27,7 +27,7 @@ import numpy as np
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_values, stamp_now
 from q2real.deploy_ros.dds import Endpoints, use_loopback
-from q2real.deploy_ros.node import NodeConfig
+from q2real.deploy_ros.settings import NodeConfig
 from q2real.hardware.spec import RobotSpec, actuator_for_joint, robot_spec
 
 

@@ -108,7 +108,7 @@ def test_a_bug_is_not_dressed_up_as_bad_input(monkeypatch: pytest.MonkeyPatch, t
 def test_deploy_sim_leaves_the_loaded_config_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     import q2real.cli.main as cli
     import q2real.deploy_ros.session
-    from q2real.deploy_ros.node import NodeConfig
+    from q2real.deploy_ros.settings import NodeConfig
 
     handed: list[NodeConfig] = []
     loaded = NodeConfig()

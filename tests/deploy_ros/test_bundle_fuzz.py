@@ -18,8 +18,9 @@ from onnx import TensorProto, helper
 
 from q2real.cli.main import main
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.deploy_ros.node import NodeConfig, PolicyNode
+from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.schema import METADATA_KEY, BundleError, parse_metadata, read_metadata
+from q2real.deploy_ros.settings import NodeConfig
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import DdsNode, wait_for_match
-from q2real.deploy_ros.node import NodeConfig, PolicyNode
+from q2real.deploy_ros.node import PolicyNode
+from q2real.deploy_ros.settings import NodeConfig
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import ShieldConfig
 

@@ -16,8 +16,8 @@ import pytest
 
 from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import session
-from q2real.deploy_ros.node import NodeConfig
 from q2real.deploy_ros.session import deploy
+from q2real.deploy_ros.settings import NodeConfig
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads processes from /proc")
 

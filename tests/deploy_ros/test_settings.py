@@ -10,7 +10,8 @@ import pytest
 
 from q2real.cli.main import main
 from q2real.configs.loader import ConfigError, load
-from q2real.deploy_ros.node import NodeConfig, PolicyNode, config_from_parameters
+from q2real.deploy_ros.node import PolicyNode
+from q2real.deploy_ros.settings import NodeConfig, config_from_parameters
 from q2real.hardware import robot_spec
 from q2real.safety.shield import Shield, ShieldConfig
 

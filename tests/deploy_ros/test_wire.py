@@ -13,7 +13,7 @@ from rosbags.typesys import Stores, get_typestore
 
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import DEFAULT_QOS, SENSOR_QOS, dds_topic
-from q2real.deploy_ros.node import NodeConfig
+from q2real.deploy_ros.settings import NodeConfig
 
 STORE = get_typestore(Stores.ROS2_JAZZY)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from q2real.deploy_ros.node import NodeConfig, PolicyNode
+from q2real.deploy_ros.node import PolicyNode
+from q2real.deploy_ros.settings import NodeConfig
 from q2real.gate.evaluation import evaluate_run
 
 SWUNG_UP = 300.0

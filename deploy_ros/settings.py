@@ -1,0 +1,144 @@
+"""The deploy node's settings: topics, command style, timing, the shield's settings and this machine's
+robot, as a typed config (`q2real deploy B key=value`, a YAML preset, or flat ROS 2 parameters).
+
+Every value is range-checked before anything starts, naming the key, since each one decides what
+reaches the robot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from q2real.configs import checks
+from q2real.configs.loader import ConfigError, merge, validated
+from q2real.hardware.spec import RobotSpec, load_spec, robot_spec
+from q2real.safety.shield import ShieldConfig
+
+NODE_NAME = "q2real_policy"
+
+
+def resolve_topic(name: str, node: str = NODE_NAME) -> str:
+    """ROS 2 topic name -> its absolute form: '~/estop' -> '/q2real_policy/estop', 'joint_states' ->
+    '/joint_states'."""
+    checks.ros_name("topic", name)
+    if name.startswith("~/"):
+        return f"/{node}/{name[2:]}"
+    return name if name.startswith("/") else "/" + name
+
+
+@dataclass
+class TopicConfig:
+    """ROS 2 topic names; `~/` is private to the node (`/q2real_policy/...`)."""
+
+    joint_states: str = "/joint_states"
+    command: str | None = None
+    """None: ros2_control's default for the command style (forward or trajectory controller)."""
+    estop: str = "~/estop"
+    reset: str = "~/reset"
+    task_command: str = "~/command"
+    diagnostics: str = "/diagnostics"
+
+    def validate(self, command: str) -> None:
+        """Every name valid, and no two roles on one topic (an e-stop topic that is also the joint
+        states or the command topic would be fed by the wrong writer)."""
+        roles = {key: getattr(self, key) for key in ("joint_states", "estop", "reset", "task_command", "diagnostics")}
+        roles["command"] = command
+        resolved: dict[str, str] = {}
+        for key, name in roles.items():
+            checks.ros_name(f"topics.{key}", name)
+            topic = resolve_topic(name)
+            if topic in resolved:
+                raise ValueError(f"topics.{key}: '{topic}' is already the {resolved[topic]} topic")
+            resolved[topic] = key
+
+
+@dataclass
+class NodeConfig:
+    command_style: Literal["forward", "trajectory"] = "forward"
+    """`forward`: std_msgs/Float64MultiArray for a forward-command controller (joint order = the
+    bundle's); `trajectory`: a one-point trajectory_msgs/JointTrajectory (joints named)."""
+    controller: str | None = None
+    """Controller name for the default command topic; None: forward_command_controller or
+    joint_trajectory_controller."""
+    control_period: float | None = None
+    """Seconds per tick; None: the bundle's. Changing it changes the shield's rate windows too."""
+    trigger: Literal["state", "timer"] = "state"
+    autostart: bool = False
+    """Start the ramp on the first valid joint state and hand over to the policy when it ends; without
+    it the operator starts through `start()` (the CLI's Enter key)."""
+    extra_joints: tuple[str, ...] = ()
+    """Joints the robot publishes that the policy does not use (e.g. gripper fingers); any other
+    unknown joint name makes a joint state message malformed."""
+    startup_timeout: float = 5.0
+    """Seconds to wait for the robot's first joint state before giving up."""
+    diagnostics_period: float = 0.5
+    topics: TopicConfig = field(default_factory=TopicConfig)
+    shield: ShieldConfig = field(default_factory=ShieldConfig)
+    record: str | None = None
+    """Write every tick (observation, raw action, shielded command, flags) to this MCAP bag."""
+    robot: str | None = None
+    """This machine's spec of the robot, a shipped robot name or a robot.yaml path; None: the shipped
+    spec the bundle names. The bundle's robot must match it field by field and by hash."""
+    allow_robot_mismatch: bool = False
+    """Run although the bundle's robot differs from this machine's spec; every difference is logged."""
+
+    def validate(self) -> None:
+        if self.control_period is not None:
+            checks.number("control_period", self.control_period, above=0.0, at_most=1.0)
+        checks.number("startup_timeout", self.startup_timeout, above=0.0, at_most=3600.0)
+        checks.number("diagnostics_period", self.diagnostics_period, above=0.0, at_most=60.0)
+        checks.names("extra_joints", self.extra_joints)
+        if self.controller is not None:
+            checks.ros_name("controller", self.controller)
+            if "/" in self.controller:
+                raise ValueError(f"controller: expected a controller name without '/', got {self.controller!r:.80}")
+        if self.record is not None and not self.record.strip():
+            raise ValueError("record: expected a bag path, got an empty string")
+        if self.robot is not None and not self.robot.strip():
+            raise ValueError("robot: expected a robot name or a robot.yaml path, got an empty string")
+        self.topics.validate(self.command_topic())
+        try:
+            self.shield.validate()
+            # On a robot the ramp is real motion: it takes time and starts only near the default pose.
+            checks.number("ramp_time", self.shield.ramp_time, above=0.0)
+            checks.number("ramp_max_distance", self.shield.ramp_max_distance, above=0.0)
+        except ValueError as err:
+            raise ValueError(f"shield.{err}") from None
+
+    def command_topic(self) -> str:
+        if self.topics.command:
+            return self.topics.command
+        if self.command_style == "trajectory":
+            return f"/{self.controller or 'joint_trajectory_controller'}/joint_trajectory"
+        return f"/{self.controller or 'forward_command_controller'}/commands"
+
+
+def config_from_parameters(parameters: dict) -> tuple[str, NodeConfig]:
+    """(bundle path, NodeConfig) from flat ROS 2 parameters such as {'policy.path': ..., 'shield.ramp_time':
+    1.0}; unknown names and wrong types are errors, as in a q2real config file."""
+    parameters = dict(parameters)
+    parameters.pop("use_sim_time", None)
+    bundle = parameters.pop("policy.path", None)
+    if not bundle:
+        raise ConfigError(f"{NODE_NAME}: parameter policy.path: required (the policy bundle, .onnx)")
+    nested: dict = {}
+    for key, value in parameters.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for parent in parents:
+            node = node.setdefault(parent, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"ROS parameters: {key}: '{parent}' is set both as a value and as a section")
+        if isinstance(node.get(leaf), dict):
+            raise ConfigError(f"ROS parameters: {key}: '{leaf}' is set both as a value and as a section")
+        node[leaf] = value
+    return bundle, validated(merge(NodeConfig(), nested, "ROS parameters"), "ROS parameters")
+
+
+def local_robot(config: NodeConfig, bundle_robot: RobotSpec) -> RobotSpec:
+    """This machine's description of the robot the bundle will drive."""
+    wanted = config.robot or bundle_robot.name
+    if wanted.endswith((".yaml", ".yml")) or "/" in wanted:
+        return load_spec(wanted)
+    return robot_spec(wanted)
