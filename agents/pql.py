@@ -34,7 +34,7 @@ import torch
 import torch.multiprocessing as mp
 
 from q2real.agents.common.actor_critic import ActorCritic
-from q2real.agents.common.guard import check_finite
+from q2real.agents.common.guard import FiniteFlags
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.samplers import UniformSampler
 from q2real.configs.errors import Q2RealError
@@ -97,6 +97,7 @@ def _learner(
         mine = ["critic"] if role == "critic" else [k for k in agent.optimizers() if k != "critic"]
         beta_v, beta_p = config.critic_updates_per_step, config.critic_updates_per_policy_update
         sums: dict[str, torch.Tensor] = {}
+        finite = FiniteFlags()
         count = 0
         while not counters[STOP]:
             if os.getppid() != parent:
@@ -123,13 +124,16 @@ def _learner(
                 metrics = agent.critic_update(batch)
             else:
                 metrics = agent.actor_update(batch.obs)
-            check_finite(metrics, steps * job.num_envs, None)
+            finite.record(metrics, steps * job.num_envs)
             counters[CRITIC if role == "critic" else POLICY] += 1
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value
+                total = sums.get(key)
+                sums[key] = value if total is None else total + value
             count += 1
-            if count == 50:
-                outbox.put(("metrics", {k: float(v) / count for k, v in sums.items()}))
+            if count == 50:  # one read-back per 50 updates: the non-finite check and the metric means
+                finite.check(None)
+                means = (torch.stack(list(sums.values())) / count).tolist()
+                outbox.put(("metrics", dict(zip(sums, means, strict=True))))
                 sums, count = {}, 0
     except BaseException:
         errors.put(f"{role} learner failed:\n{traceback.format_exc()}")

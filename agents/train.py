@@ -18,7 +18,7 @@ import torch
 from q2real.agents.callbacks import Callback, CheckpointCallback, EvalCallback, LogCallback, StopTraining, evaluate
 from q2real.agents.common.checkpoint import CHECKPOINT, save_checkpoint
 from q2real.agents.common.episodes import EpisodeTracker
-from q2real.agents.common.guard import check_finite, parameters_of
+from q2real.agents.common.guard import FiniteFlags, check_finite, parameters_of
 from q2real.agents.common.metrics import MetricLogger
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import RunDir
@@ -54,7 +54,10 @@ class Trainer:
         self.update_credit = 0.0
         """Fractional updates owed to the next iteration (`updates_per_step` below 1)."""
         self._metric_sums: dict[str, torch.Tensor] = {}
+        """Update metrics summed on the device since the last logging window (a NaN propagates into its sum)."""
         self._metric_count = 0
+        self.finite = FiniteFlags()
+        """The first env step of this window at which an env output or update metric was non-finite."""
         self.last_checkpoint: Path | None = None
         self.last_eval: float | None = None
         self.parallel: ParallelLearners | None = None
@@ -82,11 +85,7 @@ class Trainer:
         else:
             action = agent.act(self.obs)
         result = env.step(action)
-        check_finite(
-            {"env output next_obs": result.next_obs, "env output reward": result.reward},
-            self.step,
-            self.last_checkpoint,
-        )
+        self.finite.record({"env output next_obs": result.next_obs, "env output reward": result.reward}, self.step)
         self.replay.add(self.obs, action, result)
         self.sampler.on_add(self.replay)
         agent.observe(result)
@@ -102,9 +101,10 @@ class Trainer:
         while self.update_credit >= 1.0:
             self.update_credit -= 1.0
             metrics = self.update()
-            check_finite(metrics, self.step, self.last_checkpoint)
+            self.finite.record(metrics, self.step)
             for key, value in metrics.items():
-                self._metric_sums[key] = self._metric_sums.get(key, 0.0) + value
+                total = self._metric_sums.get(key)
+                self._metric_sums[key] = value if total is None else total + value
             self._metric_count += 1
 
     def update(self) -> dict[str, torch.Tensor]:
@@ -117,16 +117,23 @@ class Trainer:
         if agent.actor_due():
             actor_batch = sampler.sample_actor(replay, cfg.batch_size, cfg.n_step, cfg.gamma) or batch
             metrics.update(agent.actor_update(actor_batch.obs))
-        return metrics | sampler.metrics()
+        return metrics
+
+    def check_window(self) -> None:
+        """Raise if an env output or an update metric went non-finite since the last window (one sync)."""
+        self.finite.check(self.last_checkpoint)
 
     def pop_update_metrics(self) -> dict[str, float]:
+        """Mean update metrics since the last call and the sampler's statistics, after the window's
+        non-finite check; the only place the loop reads values back from the device."""
+        self.check_window()
         if self.parallel is not None:
             return self.parallel.pop_metrics()
-        if not self._metric_count:
-            return {}
-        means = {k: float(v) / self._metric_count for k, v in self._metric_sums.items()}
+        values = {k: v / self._metric_count for k, v in self._metric_sums.items()} | self.sampler.metrics()
         self._metric_sums, self._metric_count = {}, 0
-        return means
+        if not values:
+            return {}
+        return dict(zip(values, torch.stack(list(values.values())).tolist(), strict=True))
 
     def run(self) -> Path:
         iterations = math.ceil(self.config.total_steps / self.env.num_envs)
@@ -189,6 +196,7 @@ class Trainer:
             return self._save_checkpoint()
 
     def _save_checkpoint(self) -> Path:
+        self.check_window()  # a checkpoint never captures a window that went non-finite
         check_finite(parameters_of(self.agent, "parameter"), self.step, self.last_checkpoint)
         path = self.path / CHECKPOINT
         save_checkpoint(path, training_state(self))

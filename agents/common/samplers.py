@@ -201,30 +201,33 @@ class UniformSampler:
 
 
 class PrioritizedSampler(UniformSampler):
-    """Prioritized experience replay (Schaul et al. 2016), and D-SPEAR's two streams over it."""
+    """Prioritized experience replay (Schaul et al. 2016), and D-SPEAR's two streams over it.
+
+    Its statistics (largest priority, the TD-error CV and the anchored fraction) stay on the training
+    device: sampling and priority updates never read a value back to the host.
+    """
 
     def __init__(self, config: SamplerConfig, storage: ReplayStorage):
         self.config = config
         self.dual = config.kind == "dspear"
         self.num_envs = storage.num_envs
+        self.device = storage.device
         size = storage.rows * storage.num_envs
         self.priority = SumTree(size, storage.device)
         self.inverse = SumTree(size, storage.device)
-        self.max_priority = 1.0
+        self.max_priority = torch.ones((), dtype=torch.float64, device=storage.device)
         self.critic_updates = 0
-        self.cv = 0.0
+        self.cv = torch.zeros((), device=storage.device)
 
     @property
-    def rho(self) -> float:
-        """Fraction of each critic batch drawn by priority."""
+    def rho(self) -> torch.Tensor | float:
+        """Fraction of each critic batch drawn by priority: fixed by the config, or anchored to the CV."""
         cfg = self.config
-        if not self.dual:
+        if not self.dual or (cfg.critic_stream and not cfg.anchor):
             return 1.0
         if not cfg.critic_stream:
             return 0.0
-        if not cfg.anchor:
-            return 1.0
-        return min(max(cfg.anchor_gain * self.cv / (1 + self.cv), cfg.rho_min), cfg.rho_max)
+        return (cfg.anchor_gain * self.cv / (1 + self.cv)).clamp(cfg.rho_min, cfg.rho_max)
 
     @property
     def beta(self) -> float:
@@ -235,29 +238,31 @@ class PrioritizedSampler(UniformSampler):
         """New transitions (the row just written) get the largest priority seen, so each is replayed soon."""
         row = (storage.pos - 1) % storage.rows
         slots = row * storage.num_envs + torch.arange(storage.num_envs, device=storage.device)
-        p = torch.full((storage.num_envs,), self.max_priority, dtype=torch.float64, device=storage.device)
+        p = self.max_priority.expand(storage.num_envs).contiguous()
         self.priority.set(slots, p)
         self.inverse.set(slots, 1.0 / p)
 
     def sample(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch:
-        rho = self.rho
-        n_prior = round(rho * batch_size)
-        filled = storage.size * storage.num_envs
-        if n_prior == batch_size:
+        rho, filled = self.rho, len(storage)
+        weight = None
+        if isinstance(rho, float) and rho == 0.0:
+            slots = torch.randint(0, filled, (batch_size,), device=storage.device)
+        elif isinstance(rho, float):
             slots = self.priority.sample(batch_size)
-        else:
-            uniform = torch.randint(0, filled, (batch_size - n_prior,), device=storage.device)
-            slots = torch.cat([self.priority.sample(n_prior), uniform]) if n_prior else uniform
-        batch = storage.gather(slots // storage.num_envs, slots % storage.num_envs, n_step, gamma)
-        if rho == 1:
             # Importance weights (N P(i))^-beta over the batch maximum reduce to (p_min / p)^beta.
             p = self.priority.get(slots)
-            batch.weight = (p.min() / p).pow(self.beta).float()
-        elif rho > 0:
-            # Importance weights of the mixture actually sampled from, normalized by the batch maximum.
+            weight = (p.min() / p).pow(self.beta).float()
+        else:
+            # Each sample comes from the prioritized stream with probability rho, else uniformly: the
+            # mixture q(i) = rho p_i / sum p + (1 - rho) / N, drawn without reading rho back.
+            prior = self.priority.sample(batch_size)
+            uniform = torch.randint(0, filled, (batch_size,), device=storage.device)
+            slots = torch.where(torch.rand(batch_size, device=storage.device) < rho, prior, uniform)
             q = rho * self.priority.get(slots) / self.priority.total + (1 - rho) / filled
-            weight = (q * filled).pow(-self.beta)
-            batch.weight = (weight / weight.max()).float()
+            mixture = (q * filled).pow(-self.beta)
+            weight = (mixture / mixture.max()).float()
+        batch = storage.gather(slots // storage.num_envs, slots % storage.num_envs, n_step, gamma)
+        batch.weight = weight
         self.critic_updates += 1
         return batch
 
@@ -273,14 +278,15 @@ class PrioritizedSampler(UniformSampler):
         slots = batch.row * self.num_envs + batch.env
         self.priority.set(slots, p)
         self.inverse.set(slots, 1.0 / p)
-        self.max_priority = max(self.max_priority, float(p.max()))
-        mean = float(td_abs.mean())
-        cv = float(td_abs.std()) / mean if mean > 0 else 0.0
-        self.cv = cfg.cv_smoothing * self.cv + (1 - cfg.cv_smoothing) * cv if self.critic_updates > 1 else cv
+        self.max_priority = torch.maximum(self.max_priority, p.max())
+        mean = td_abs.mean()
+        cv = torch.where(mean > 0, td_abs.std() / mean, 0.0)
+        self.cv = cv if self.critic_updates <= 1 else cfg.cv_smoothing * self.cv + (1 - cfg.cv_smoothing) * cv
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        values = {"replay/td_cv": self.cv, "replay/prioritized_fraction": self.rho, "replay/beta": self.beta}
-        return {key: torch.tensor(value) for key, value in values.items()}
+        rho = torch.as_tensor(self.rho, dtype=torch.float32, device=self.device)
+        beta = torch.tensor(self.beta, device=self.device)
+        return {"replay/td_cv": self.cv.float(), "replay/prioritized_fraction": rho, "replay/beta": beta}
 
     def state_dict(self) -> dict:
         return {
@@ -296,9 +302,9 @@ class PrioritizedSampler(UniformSampler):
             return
         self.priority.nodes.copy_(state["priority"])
         self.inverse.nodes.copy_(state["inverse"])
-        self.max_priority = float(state["max_priority"])
+        self.max_priority = torch.as_tensor(state["max_priority"], dtype=torch.float64, device=self.device)
         self.critic_updates = int(state["critic_updates"])
-        self.cv = float(state["cv"])
+        self.cv = torch.as_tensor(state["cv"], dtype=torch.float32, device=self.device)
 
 
 def make_sampler(config: SamplerConfig, storage: ReplayStorage) -> UniformSampler:
