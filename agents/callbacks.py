@@ -85,6 +85,7 @@ class LogCallback(Callback):
         metrics = {
             "env_steps_per_s": (trainer.step - self._last_step) / seconds,
             "updates_per_s": (trainer.agent.updates - self._last_updates) / seconds,
+            "torch_threads": torch.get_num_threads(),
             **trainer.episodes.pop(),
             **trainer.pop_update_metrics(),
         }

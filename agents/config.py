@@ -52,7 +52,8 @@ class TrainConfig:
     stop_return: float | None = None
     """Stop early once the evaluation mean return reaches this."""
     threads: int = 0
-    """torch CPU threads (0 = leave torch's default)."""
+    """torch CPU threads: 0 = auto (on a CPU training device, tuned online between all cores and one, so a
+    busy neighbour process cannot stall every update; recorded in meta.json), N = fixed."""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     """Replay sampling: uniform, prioritized (PER) or dspear (D-SPEAR's dual-stream prioritized replay)."""
     pql: PQLConfig = field(default_factory=PQLConfig)

@@ -23,6 +23,7 @@ from q2real.agents.common.metrics import MetricLogger
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import RunDir
 from q2real.agents.common.samplers import make_sampler
+from q2real.agents.common.threads import ThreadTuner
 from q2real.agents.config import TrainConfig
 from q2real.agents.learners import build_agent
 from q2real.agents.pql import LearnerJob, ParallelLearners
@@ -37,12 +38,9 @@ class Trainer:
         config.validate()
         self.config = config
         self._torch_threads = torch.get_num_threads()  # restored after the run: the setting is process-wide
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        elif config.pql.enabled:
-            torch.set_num_threads(1)  # the learner processes need the cores; idle OpenMP workers spin
         torch.manual_seed(config.env.seed)
         self.env = make(config.env)
+        self.threads = self._thread_policy()
         self.eval_env = make(dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000))
         self.agent = build_agent(config, self.env)
         self.replay = ReplayStorage(
@@ -73,6 +71,7 @@ class Trainer:
                 raise
         self.run_dir = RunDir(config, config.log, config.env.task, resume=resume)
         self.path = self.run_dir.path
+        self.run_dir.update_meta(threads=self.thread_summary())
         self.logger = MetricLogger(self.run_dir, config.log, elapsed=elapsed)
         builtin = [LogCallback(), EvalCallback(), CheckpointCallback()]
         self.callbacks = [*builtin, *callbacks]
@@ -149,6 +148,8 @@ class Trainer:
                         self.parallel.after_collect(self.iteration)
                     else:
                         self.learn()
+                        if self.threads is not None and self.step >= self.config.warmup_steps:
+                            self.threads.step()
                     for callback in self.callbacks:
                         callback.on_iteration(self)
             except StopTraining:
@@ -161,11 +162,31 @@ class Trainer:
         finally:
             if self.parallel is not None:
                 self.parallel.stop()
+            self.run_dir.update_meta(threads=self.thread_summary())
             torch.set_num_threads(self._torch_threads)
             self.logger.close()
             self.env.close()
             self.eval_env.close()
         return self.path
+
+    def _thread_policy(self) -> ThreadTuner | None:
+        """`threads=N` fixes torch's CPU threads; 0 (auto) tunes them online between all cores and one
+        when training on the CPU, and gives PQL's collector one (the learner processes need the cores)."""
+        config = self.config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        elif config.pql.enabled:
+            torch.set_num_threads(1)
+        elif self.env.device.type == "cpu" and self._torch_threads >= 2:
+            return ThreadTuner(self._torch_threads)
+        return None
+
+    def thread_summary(self) -> dict[str, object]:
+        """torch's CPU thread policy of this run, for meta.json."""
+        if self.threads is not None:
+            return self.threads.summary()
+        policy = "fixed" if self.config.threads else "pql" if self.config.pql.enabled else "torch default"
+        return {"policy": policy, "chosen": torch.get_num_threads()}
 
     def _parallel_learners(self) -> ParallelLearners:
         config, agent_config = self.config, self.config.agent

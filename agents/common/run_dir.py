@@ -103,6 +103,11 @@ class RunDir:
             meta = session
         write_atomic(meta_path, json.dumps(meta, indent=2))
 
+    def update_meta(self, **fields: Any) -> None:
+        """Add or replace top-level fields of meta.json (atomically), e.g. what the run chose as it went."""
+        path = self.path / "meta.json"
+        write_atomic(path, json.dumps(json.loads(path.read_text()) | fields, indent=2))
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temp file and rename, so a crash never leaves a half-written file behind."""
