@@ -53,7 +53,8 @@ class TrainConfig:
     """Stop early once the evaluation mean return reaches this."""
     threads: int = 0
     """torch CPU threads: 0 = auto (on a CPU training device, tuned online between all cores and one, so a
-    busy neighbour process cannot stall every update; recorded in meta.json), N = fixed."""
+    busy neighbour process cannot stall every update; recorded in meta.json), N = fixed (needed for
+    bit-exact reruns and resumes of learners with batch statistics, e.g. FlashSAC)."""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     """Replay sampling: uniform, prioritized (PER) or dspear (D-SPEAR's dual-stream prioritized replay)."""
     pql: PQLConfig = field(default_factory=PQLConfig)

@@ -1,24 +1,29 @@
 """q2real SAC against stable-baselines3 SAC, side by side in one invocation.
 
-Runs one after the other on the same machine (never concurrently: 2 cores):
-  (a) defaults     each library at what it ships for the task: SB3's SAC() defaults; q2real's preset
-                   `sac_pendulum_v1` (gymnasium Pendulum-v1) or its default `q2real train` config
-                   (q2real pendulum_swingup);
-  (b) matched      same networks (256, 256), batch 256, one env, one update per env step, same lrs;
-  (c) updates/s    gradient updates per second at equal batch, networks and optimizer, on filled replay.
+Three rows, each run in this invocation with the libraries alternating (never concurrently: 2 cores):
+  (a) matched      the same hyperparameters: SB3's SAC() defaults (256x256, batch 256, lr 3e-4, one env,
+                   one update per env step, learning starts at 100, temperature from 1.0), mirrored in
+                   q2real; the headline `time_to_threshold_ratio`;
+  (b) tuned        each library at its best published settings for Pendulum-v1: rl-baselines3-zoo's
+                   (`learning_rate: 1e-3`, 20k steps) for SB3, the shipped preset `sac_pendulum_v1` for
+                   q2real; `tuned_time_ratio`;
+  (c) updates/s    gradient updates per second at equal batch, networks and optimizer on filled replay,
+                   median of `--rounds` interleaved rounds; `updates_per_s_ratio`.
 Time to threshold is training wall-clock (evaluation time excluded) until the deterministic evaluation
-mean (10 episodes, every --eval-every env steps) first reaches the threshold: -200 on Pendulum-v1, and
---task-threshold on q2real's pendulum_swingup (episode return of 500 steps, reward in [0, 1]).
+mean (10 episodes, every --eval-every env steps) first reaches -200 on gymnasium's Pendulum-v1. Rows
+(a) and (b) run every seed of `--seeds` on each side and report the medians. Both sides use 2 torch
+threads.
 
 Prints a table, writes bench/results/vs_sb3.json and prints the same JSON as its last line.
-Headline keys: time_to_threshold_ratio (SB3 / q2real wall-clock, defaults, Pendulum-v1),
-env_steps_ratio (q2real / SB3 env steps, same run), updates_per_s_ratio (q2real / SB3, matched).
+Headline keys: time_to_threshold_ratio, tuned_time_ratio, updates_per_s_ratio (SB3 / q2real time,
+q2real / SB3 updates/s: above 1 means q2real is faster).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +39,7 @@ from q2real.agents.config import TrainConfig
 from q2real.agents.sac import SAC, SACConfig
 from q2real.agents.train import Trainer
 from q2real.configs.loader import load
-from q2real.sim import make
-from q2real.sim.vec_env import StepResult, VecEnv
+from q2real.sim.vec_env import StepResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -48,30 +52,9 @@ class Outcome:
     total_steps: int
 
 
-class SingleEnv(gym.Env):
-    """A one-env q2real VecEnv as a gymnasium env, so SB3 trains on exactly q2real's task."""
-
-    def __init__(self, task: str, seed: int):
-        self.env: VecEnv = make(task=task, num_envs=1, backend="mujoco", device="cpu", seed=seed)
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (self.env.obs_dim,), np.float32)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (self.env.action_dim,), np.float32)
-        self._seed = seed
-        self._obs: np.ndarray | None = None
-
-    def reset(self, *, seed=None, options=None):
-        if self._obs is None or seed is not None:
-            self._obs = self.env.reset(seed=self._seed if seed is None else seed)[0].numpy()
-        return self._obs, {}
-
-    def step(self, action):
-        result = self.env.step(torch.as_tensor(action, dtype=torch.float32).reshape(1, -1))
-        # The q2real env has already auto-reset; SB3's reset() after a done then hands out that new obs.
-        self._obs = result.obs[0].numpy()
-        terminated, truncated = bool(result.terminated[0]), bool(result.truncated[0])
-        return result.next_obs[0].numpy(), float(result.reward[0]), terminated, truncated, {}
-
-
-def run_sb3(make_env, make_eval_env, threshold: float, max_steps: int, eval_every: int, **kwargs) -> Outcome:
+def run_sb3(
+    make_env, make_eval_env, threshold: float, max_steps: int, eval_every: int, seed: int = 0, **kwargs
+) -> Outcome:
     from stable_baselines3 import SAC as SB3SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
@@ -94,8 +77,8 @@ def run_sb3(make_env, make_eval_env, threshold: float, max_steps: int, eval_ever
                 return False
             return True
 
-    torch.manual_seed(0)
-    model = SB3SAC("MlpPolicy", make_env(), seed=0, device="cpu", verbose=0, **kwargs)
+    torch.manual_seed(seed)
+    model = SB3SAC("MlpPolicy", make_env(), seed=seed, device="cpu", verbose=0, **kwargs)
     watch = Watch()
     watch.start = time.perf_counter()
     model.learn(total_timesteps=max_steps, callback=watch)
@@ -135,7 +118,7 @@ def run_q2real(preset: str | None, overrides: list[str], threshold: float, eval_
     return Outcome(steps, seconds, watch.last, trainer.step)
 
 
-def updates_per_second(batch: int, seconds: float, rounds: int = 3) -> dict[str, float]:
+def updates_per_second(batch: int, seconds: float, rounds: int) -> dict[str, float]:
     """Gradient updates/s of both SACs at equal batch, (256, 256) networks and Adam on stored
     transitions; the libraries alternate for `rounds` rounds and each reports its median round."""
     from stable_baselines3 import SAC as SB3SAC
@@ -175,76 +158,84 @@ def updates_per_second(batch: int, seconds: float, rounds: int = 3) -> dict[str,
     return {"sb3_updates_per_s": sb3_rate, "q2real_updates_per_s": our_rate, "updates_per_s_ratio": our_rate / sb3_rate}
 
 
+MATCHED = [
+    "env.task=gymnasium:Pendulum-v1",
+    "env.num_envs=1",
+    "updates_per_step=1",
+    "warmup_steps=100",
+    "threads=2",
+    "sac.actor_lr=3e-4",
+    "sac.critic_lr=3e-4",
+    "sac.alpha_lr=3e-4",
+    "sac.init_alpha=1.0",
+    "sac.batch_size=256",
+    "sac.normalize_obs=false",
+]
+"""q2real with stable-baselines3's SAC() defaults."""
+
+
+def median_outcome(outcomes: list[Outcome]) -> dict[str, object]:
+    """Medians over seeds of the runs that reached the threshold, and how many did."""
+    reached = [o for o in outcomes if o.seconds is not None]
+    return {
+        "seconds": statistics.median(o.seconds for o in reached) if reached else None,
+        "env_steps": statistics.median(o.env_steps for o in reached) if reached else None,
+        "reached": f"{len(reached)}/{len(outcomes)}",
+        "runs": [o.__dict__ for o in outcomes],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-steps", type=int, default=30_000, help="env-step cap for each Pendulum-v1 run")
-    parser.add_argument(
-        "--task-max-steps",
-        type=int,
-        default=40_000,
-        help="SB3's env-step cap on pendulum_swingup (q2real runs its default)",
-    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max-steps", type=int, default=20_000, help="env-step cap for each run")
     parser.add_argument("--eval-every", type=int, default=1_000)
-    parser.add_argument("--task-threshold", type=float, default=350.0)
-    parser.add_argument("--skip-task", action="store_true", help="skip the q2real pendulum_swingup comparison")
-    parser.add_argument("--update-seconds", type=float, default=5.0, help="seconds per library per round")
+    parser.add_argument("--update-seconds", type=float, default=4.0, help="seconds per library per round")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the updates/s row")
     args = parser.parse_args()
     torch.set_num_threads(2)
     tmp = Path("/tmp/q2real-bench-vs-sb3") / time.strftime("%Y%m%d-%H%M%S")
-    rows: dict[str, dict[str, Outcome]] = {}
     gym_env = lambda: gym.make("Pendulum-v1")  # noqa: E731
-    print("updates/s at batch 256 ...", flush=True)
-    throughput = updates_per_second(256, args.update_seconds)
-
-    print("Pendulum-v1, defaults ...", flush=True)
-    rows["Pendulum-v1 defaults"] = {
-        "sb3": run_sb3(gym_env, gym_env, -200.0, args.max_steps, args.eval_every),
-        "q2real": run_q2real("sac_pendulum_v1", [f"total_steps={args.max_steps}"], -200.0, args.eval_every, tmp),
-    }
-    print("Pendulum-v1, matched ...", flush=True)
-    matched = ["env.task=gymnasium:Pendulum-v1", "env.num_envs=1", "updates_per_step=1", "warmup_steps=100"]
-    matched += ["sac.actor_lr=3e-4", "sac.critic_lr=3e-4", "sac.batch_size=256", "sac.normalize_obs=false"]
-    rows["Pendulum-v1 matched"] = {
-        "sb3": run_sb3(gym_env, gym_env, -200.0, args.max_steps, args.eval_every),
-        "q2real": run_q2real(None, [*matched, f"total_steps={args.max_steps}"], -200.0, args.eval_every, tmp),
-    }
-    if not args.skip_task:
-        print("pendulum_swingup, defaults ...", flush=True)
-        task_env = lambda: SingleEnv("pendulum_swingup", 0)  # noqa: E731
-        task_eval = lambda: SingleEnv("pendulum_swingup", 10_000)  # noqa: E731
-        rows["pendulum_swingup defaults"] = {
-            "sb3": run_sb3(task_env, task_eval, args.task_threshold, args.task_max_steps, 5_000),
-            "q2real": run_q2real(None, [], args.task_threshold, 5_000, tmp),
-        }
+    print(f"updates/s at batch 256, {args.rounds} rounds ...", flush=True)
+    throughput = updates_per_second(256, args.update_seconds, args.rounds)
+    runs: dict[str, dict[str, list[Outcome]]] = {row: {"sb3": [], "q2real": []} for row in ("matched", "tuned")}
+    for seed in args.seeds:
+        steps = [f"total_steps={args.max_steps}", f"env.seed={seed}"]
+        print(f"seed {seed}: matched ...", flush=True)
+        runs["matched"]["sb3"].append(run_sb3(gym_env, gym_env, -200.0, args.max_steps, args.eval_every, seed))
+        runs["matched"]["q2real"].append(run_q2real(None, [*MATCHED, *steps], -200.0, args.eval_every, tmp))
+        print(f"seed {seed}: tuned ...", flush=True)
+        tuned_sb3 = run_sb3(gym_env, gym_env, -200.0, args.max_steps, args.eval_every, seed, learning_rate=1e-3)
+        runs["tuned"]["sb3"].append(tuned_sb3)
+        tuned = [*steps, "threads=2"]
+        runs["tuned"]["q2real"].append(run_q2real("sac_pendulum_v1", tuned, -200.0, args.eval_every, tmp))
 
     def fmt(value, spec="{:,.0f}"):
         return "not reached" if value is None else spec.format(value)
 
-    print(f"\n{'run':<28}{'lib':>8}{'env steps':>14}{'seconds':>12}{'final eval':>12}")
-    summary: dict[str, object] = {}
-    for name, pair in rows.items():
-        for lib, out in pair.items():
-            seconds = fmt(out.seconds, "{:,.1f}")
-            print(f"{name:<28}{lib:>8}{fmt(out.env_steps):>14}{seconds:>12}{out.final_return:>12.1f}")
-        sb3, ours = pair["sb3"], pair["q2real"]
-        key = name.replace(" ", "_").replace("-", "_").lower()
-        both = sb3.seconds is not None and ours.seconds is not None
-        summary[key] = {
-            "sb3": sb3.__dict__,
-            "q2real": ours.__dict__,
-            "time_to_threshold_ratio": sb3.seconds / ours.seconds if both else None,
-            "env_steps_ratio": ours.env_steps / sb3.env_steps if both else None,
-        }
+    print(f"\n{'row':<10}{'lib':>8}{'reached':>9}{'env steps':>13}{'seconds':>13}  per seed (s)")
+    summary: dict[str, dict[str, object]] = {}
+    for row, pair in runs.items():
+        medians = {lib: median_outcome(outcomes) for lib, outcomes in pair.items()}
+        for lib, m in medians.items():
+            per_seed = ", ".join(fmt(o.seconds, "{:.1f}") for o in pair[lib])
+            print(
+                f"{row:<10}{lib:>8}{m['reached']:>9}{fmt(m['env_steps']):>13}"
+                f"{fmt(m['seconds'], '{:,.1f}'):>13}  {per_seed}"
+            )
+        sb3, ours = medians["sb3"]["seconds"], medians["q2real"]["seconds"]
+        summary[row] = {**medians, "time_ratio": sb3 / ours if sb3 and ours else None}
     print(
-        f"\nupdates/s at batch 256, (256, 256) nets: q2real {throughput['q2real_updates_per_s']:.1f}, "
-        f"SB3 {throughput['sb3_updates_per_s']:.1f} -> {throughput['updates_per_s_ratio']:.2f}x"
+        f"updates/s at batch 256, (256, 256) nets, median of {args.rounds} rounds: q2real "
+        f"{throughput['q2real_updates_per_s']:.1f}, SB3 {throughput['sb3_updates_per_s']:.1f} -> "
+        f"{throughput['updates_per_s_ratio']:.2f}x"
     )
-    defaults = summary["pendulum_v1_defaults"]
     result = {
-        "time_to_threshold_ratio": defaults["time_to_threshold_ratio"],
-        "env_steps_ratio": defaults["env_steps_ratio"],
+        "time_to_threshold_ratio": summary["matched"]["time_ratio"],
+        "tuned_time_ratio": summary["tuned"]["time_ratio"],
         "updates_per_s_ratio": throughput["updates_per_s_ratio"],
         **throughput,
+        "seeds": args.seeds,
         "runs": summary,
         "torch_threads": torch.get_num_threads(),
     }

@@ -18,20 +18,22 @@ import torch
 SWITCH_GAIN = 1.1
 """A probed count must be this much faster to take over (hysteresis against timing noise)."""
 SLOWDOWN = 0.6
-"""A stretch this much slower than the best seen at the current count triggers a probe at once."""
+"""Two stretches in a row this much slower than the best seen at the current count trigger a probe at
+once (one alone is more likely a checkpoint or a plot than a neighbour)."""
 
 
 class ThreadTuner:
     """Between `many` threads and one; call `step()` once per loop iteration, it sets
     `torch.set_num_threads` as it goes. Stretches and probes are counted in loop iterations."""
 
-    def __init__(self, many: int, stretch: int = 20, probe: int = 5, max_gap: int = 256):
+    def __init__(self, many: int, stretch: int = 30, probe: int = 5, max_gap: int = 256):
         if many < 2:
             raise ValueError(f"ThreadTuner: expected at least 2 threads to choose from, got {many}")
         self.counts = (many, 1)
         self.stretch, self.probe, self.max_gap = stretch, probe, max_gap
         self.current = many
         self._last_rate = 0.0
+        self._slow_stretches = 0
         self.iterations: Counter[int] = Counter()
         """Loop iterations run at each count (what the run mostly used)."""
         self._best: dict[int, float] = {}
@@ -50,11 +52,13 @@ class ThreadTuner:
         if self._probing is not None:
             self._finish_probe(self._probing, rate)
         else:
-            slowed = rate < SLOWDOWN * self._best.get(self.current, 0.0)
+            slow = rate < SLOWDOWN * self._best.get(self.current, 0.0)
+            self._slow_stretches = self._slow_stretches + 1 if slow else 0
             self._best[self.current] = max(rate, self._best.get(self.current, 0.0))
             self._last_rate = rate
             self._until_probe -= 1
-            if self._until_probe <= 0 or slowed:
+            if self._until_probe <= 0 or self._slow_stretches >= 2:
+                self._slow_stretches = 0
                 self._probing = self.counts[1] if self.current == self.counts[0] else self.counts[0]
                 torch.set_num_threads(self._probing)
         self._count, self._started = 0, time.perf_counter()

@@ -56,8 +56,9 @@ def test_a_busy_neighbour_moves_the_loop_to_one_thread_and_its_end_moves_it_back
     assert tuner.current == 2
 
 
-def test_updates_are_bit_identical_on_one_and_two_threads() -> None:
-    """What lets the tuner switch mid-run without breaking same-seed reproducibility and exact resumes."""
+def test_mlp_updates_are_bit_identical_on_one_and_two_threads() -> None:
+    """Why SAC and TD3 runs stay reproducible while the tuner switches (FlashSAC's batch norms are not:
+    bit-exact runs of it need a fixed `threads=N`)."""
     from q2real.agents.common.replay import Batch
     from q2real.agents.sac import SAC, SACConfig
 

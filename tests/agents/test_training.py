@@ -38,6 +38,7 @@ def small(tmp_path: Path, name: str, algo: str = "sac", extra: tuple[str, ...] =
         f"log.name={name}",
         "log.tensorboard=false",
         "log.interval_steps=200",
+        "threads=1",  # bit-exact runs need a fixed thread count (FlashSAC's batch statistics reduce by thread)
         *extra,
     ]
     return load(TrainConfig, None, overrides)
