@@ -1,103 +1,55 @@
-"""Observation-to-command latency and tick jitter of the deploy node over DDS loopback.
+"""Lost ticks and latency of the deploy node over DDS loopback, quiet and beside a busy process.
 
-This process plays the robot: every period it publishes a `sensor_msgs/JointState` (pendulum hinge)
-on `rt/joint_states` and times how long until the node's command comes back on
-`rt/forward_command_controller/commands` (one state -> one command: the node ticks on fresh states).
-The node runs as its own process (`q2real deploy`, the default policy's network, shield in RUN).
-Side by side, the same robot loop runs against a bare echo process that answers every joint state
-with a command at once: the floor that Cyclone DDS and Python leave on this machine. Jitter is the
-deviation of the command inter-arrival time from the period, as the robot sees it.
+This process plays the robot (`q2real.deploy_ros.probe`): every period it publishes a
+`sensor_msgs/JointState` (pendulum hinge) and stamps when the node's command comes back. A state
+without a command within 0.95 of a period is lost (the controller would reuse the last command).
+The node runs as its own process (`q2real deploy`, the default job's network, shield in RUN) and
+writes every tick's stage timestamps (`--timings`), so the table can say where the time of the
+slowest ticks went. Side by side, the same probe runs against a bare echo process that answers
+every state with a prebuilt command at once: the floor Cyclone DDS and Python leave on this machine.
 
-Rates: the task's control rate (50 Hz) and 500 Hz. Prints a table, writes
-bench/results/deploy_loop.json and prints the same JSON as its last line.
-Headline key: latency_p99_ms_500hz.
+Rows: 50 Hz (the task's rate), 500 Hz and 1 kHz quiet; 500 Hz beside one CPU-bound process (a
+single-threaded matrix loop, as a learner beside the node), and the same with the node's real-time
+settings (`realtime.priority=50`, SCHED_FIFO), where the OS allows them. Prints a table, writes
+bench/results/deploy_loop.json and prints the same JSON as its last line. Headline keys:
+lost_fraction_500hz, lost_fraction_500hz_busy, node_over_echo_p99_500hz, latency_p99_ms_500hz
+(null if lost ticks make it infinite; the loss rate beside it says why).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback, wait_for_match
+from q2real.deploy_ros.dds import use_loopback
+from q2real.deploy_ros.probe import ProbeResult, busy_neighbour, probe
+from q2real.deploy_ros.timing import COLUMN, SPANS
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COMMANDS = "/forward_command_controller/commands"
+WARMUP = 3.0
+ROWS = [
+    # (rate, busy neighbour, node settings beyond the defaults)
+    (50.0, False, ()),
+    (500.0, False, ()),
+    (1000.0, False, ()),
+    (500.0, True, ()),
+    (500.0, True, ("realtime.priority=50",)),
+]
 
 
-def echo(seconds: float) -> None:
-    """The peer: answer each joint state with a one-joint command, nothing else."""
-    endpoints = Endpoints(node="echo")
-    writer = endpoints.writer(COMMANDS, msg.Float64MultiArray)
-    answer = msg.Float64MultiArray(data=[0.0])
-    endpoints.reader("/joint_states", msg.JointState, lambda m: writer.write(answer), SENSOR_QOS)
-    time.sleep(seconds)
-    endpoints.close()
-
-
-def robot_loop(rate: float, seconds: float, warmup: float) -> dict[str, float]:
-    """Publish states at `rate` and time each command's return."""
-    endpoints = Endpoints(node="bench_robot")
-    writer = endpoints.writer("/joint_states", msg.JointState)
-    arrived = threading.Event()
-    arrivals: list[float] = []
-
-    def on_command(_message) -> None:
-        arrivals.append(time.monotonic())
-        arrived.set()
-
-    endpoints.reader(COMMANDS, msg.Float64MultiArray, on_command)
-    wait_for_match(writer, timeout=30)
-    period = 1.0 / rate
-    latencies, lost = [], 0
-    start = next_at = time.monotonic()
-    step = 0
-    while next_at - start < warmup + seconds:
-        angle = 0.05 * np.sin(2 * np.pi * 0.5 * step * period)
-        state = msg.JointState(name=["hinge"], position=[angle], velocity=[0.0], effort=[float("nan")])
-        arrived.clear()
-        sent = time.monotonic()
-        writer.write(state)
-        got = arrived.wait(period * 0.95)
-        if next_at - start >= warmup:
-            if got:
-                latencies.append(arrivals[-1] - sent)
-            else:  # no answer within the period: counted at infinite latency, not dropped
-                latencies.append(np.inf)
-                lost += 1
-        step += 1
-        next_at += period
-        delay = next_at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-    endpoints.close()
-    intervals = np.diff([t for t in arrivals if t - start >= warmup])
-    lat = np.array(latencies) * 1e3
-    jitter = np.abs(intervals - period) * 1e3
-    return {
-        "samples": int(lat.size),
-        "late_or_lost": lost,
-        "latency_p50_ms": float(np.percentile(lat, 50)),
-        "latency_p99_ms": float(np.percentile(lat, 99)),
-        "latency_max_ms": float(lat[np.isfinite(lat)].max()),
-        "jitter_p50_ms": float(np.percentile(jitter, 50)),
-        "jitter_p99_ms": float(np.percentile(jitter, 99)),
-    }
-
-
-def node_process(bundle: Path, rate: float, seconds: float) -> subprocess.Popen:
+def node_process(bundle: Path, rate: float, seconds: float, timings: Path, extra: tuple[str, ...]) -> subprocess.Popen:
     overrides = [f"control_period={1.0 / rate}", "autostart=true", "shield.ramp_time=0.05", "startup_timeout=30"]
     command = [sys.executable, "-m", "q2real.cli.main", "deploy", str(bundle), "--duration", str(seconds)]
-    return subprocess.Popen(command + overrides, stdout=subprocess.DEVNULL)
+    command += ["--timings", str(timings), *overrides, *extra]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL)
 
 
 def default_bundle(directory: Path) -> Path:
@@ -115,52 +67,118 @@ def default_bundle(directory: Path) -> Path:
         env.close()
 
 
+def where_the_time_went(result: ProbeResult, timings: Path) -> dict[str, float]:
+    """Mean milliseconds per stage over the slowest 1 % of states (lost ones first): wire in
+    (probe -> node), each node span, wire out (node -> probe)."""
+    rows = np.loadtxt(timings, delimiter=",", skiprows=1, ndmin=2)
+    rows = rows[np.isfinite(rows[:, COLUMN["arrived"]])]
+    if not rows.size:
+        return {}
+    arrived = rows[:, COLUMN["arrived"]]
+    # Each state's tick: the first the node took on a state that arrived after it was sent.
+    tick = np.searchsorted(arrived, result.sent, side="left")
+    ok = tick < len(rows)
+    worst = np.argsort(-np.where(np.isinf(result.latency), 1e9, result.latency))[: max(1, result.sent.size // 100)]
+    worst = worst[ok[worst]]
+    picked = rows[tick[worst]]
+    out = {"wire_in": float(np.nanmean(picked[:, COLUMN["arrived"]] - result.sent[worst]) * 1e3)}
+    for name, (a, b) in SPANS.items():
+        if name != "total":
+            out[name] = float(np.nanmean(picked[:, COLUMN[b]] - picked[:, COLUMN[a]]) * 1e3)
+    answered = np.isfinite(result.latency[worst])
+    if answered.any():
+        back = result.sent[worst][answered] + result.latency[worst][answered]
+        out["wire_out"] = float(np.nanmean(back - picked[answered, COLUMN["published"]]) * 1e3)
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def run_row(bundle: Path, rate: float, busy: bool, extra: tuple[str, ...], peer: str, seconds: float, tmp: Path):
+    total = WARMUP + seconds + 8
+    timings = tmp / f"timings_{rate:g}_{busy}_{len(extra)}.csv"
+    neighbour = busy_neighbour() if busy else None
+    if peer == "node":
+        process = node_process(bundle, rate, total, timings, extra)
+    else:
+        process = subprocess.Popen([sys.executable, "-m", "q2real.deploy_ros.probe", "--echo", str(total)])
+    try:
+        result = probe(rate, seconds, WARMUP)
+    except TimeoutError:
+        if process.poll() not in (None, 0):  # the node refused to start, e.g. SCHED_FIFO denied
+            return {"refused": f"the node exited with {process.returncode} (see its stderr above)"}
+        raise
+    finally:
+        for child in (process, neighbour):
+            if child is not None:
+                child.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(30)
+    row = result.row()
+    if peer == "node" and timings.exists():
+        row["slowest_1pct_ms"] = where_the_time_went(result, timings)  # type: ignore[assignment]
+    return row
+
+
+def label(busy: bool, extra: tuple[str, ...]) -> str:
+    return ("busy" if busy else "quiet") + (" + " + " ".join(extra) if extra else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per rate and peer")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per row")
     parser.add_argument("--bundle", type=Path, help="policy bundle (default: the default job's network)")
-    parser.add_argument("--echo", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--rows", type=int, nargs="*", help=argparse.SUPPRESS)  # indices into ROWS, to iterate
     args = parser.parse_args()
     use_loopback()
-    if args.echo:
-        echo(args.echo)
-        return
     os.environ.setdefault("ROS_DOMAIN_ID", "77")
-    warmup = 3.0
-    rows = {}
+    rows: dict[tuple, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         bundle = args.bundle or default_bundle(Path(tmp))
-        for rate in (50.0, 500.0):
-            for peer in ("q2real node", "bare echo"):
-                total = warmup + args.seconds + 5
-                if peer == "q2real node":
-                    process = node_process(bundle, rate, total)
-                else:
-                    process = subprocess.Popen([sys.executable, __file__, "--echo", str(total)])
-                try:
-                    rows[(rate, peer)] = robot_loop(rate, args.seconds, warmup)
-                finally:
-                    process.terminate()
-                    process.wait(30)
-    header = f"{'rate':>6} {'peer':<12} {'samples':>7} {'lost':>5} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
-    print(header + f"{'jitter p50':>10} {'jitter p99':>10}")
-    print("(lost = no command within 0.95 period; counted as infinite latency in the percentiles)")
-    for (rate, peer), r in rows.items():
+        for i, (rate, busy, extra) in enumerate(ROWS):
+            if args.rows and i not in args.rows:
+                continue
+            for peer in ("node", "echo"):
+                if extra and peer == "echo":
+                    continue  # the node's settings have no echo counterpart
+                rows[(rate, label(busy, extra), peer)] = run_row(
+                    bundle, rate, busy, extra, peer, args.seconds, Path(tmp)
+                )
+    print(f"{'rate':>6} {'load':<30} {'peer':<5} {'states':>6} {'lost':>5} {'lost %':>7} {'p99 ms':>7} ", end="")
+    print(f"{'answered p50':>12} {'p99':>6} {'max':>6}")
+    for (rate, load, peer), r in rows.items():
+        if "refused" in r:
+            print(f"{rate:>6g} {load:<30} {peer:<5} {r['refused']}")
+            continue
+        p99 = "inf" if r["p99_ms"] is None else f"{r['p99_ms']:.3f}"
         print(
-            f"{rate:>6g} {peer:<12} {r['samples']:>7} {r['late_or_lost']:>5} {r['latency_p50_ms']:>7.3f} "
-            f"{r['latency_p99_ms']:>7.3f} {r['latency_max_ms']:>7.3f} "
-            f"{r['jitter_p50_ms']:>10.3f} {r['jitter_p99_ms']:>10.3f}"
+            f"{rate:>6g} {load:<30} {peer:<5} {r['states']:>6} {r['lost']:>5} {100 * r['lost_fraction']:>7.3f} "
+            f"{p99:>7} {r['answered_p50_ms']:>12.3f} {r['answered_p99_ms']:>6.3f} {r['answered_max_ms']:>6.3f}"
         )
-    node500, echo500 = rows[(500.0, "q2real node")], rows[(500.0, "bare echo")]
+    print("(lost = no command within 0.95 period; p99 counts lost states as infinitely late)")
+    print("\nwhere the slowest 1 % of the node's states spent their time (mean ms):")
+    for (rate, load, peer), r in rows.items():
+        if peer == "node" and r.get("slowest_1pct_ms"):
+            print(f"{rate:>6g} {load:<30} " + "  ".join(f"{k} {v:.3f}" for k, v in r["slowest_1pct_ms"].items()))
+    if args.rows:
+        return
+    node, echo = rows[(500.0, "quiet", "node")], rows[(500.0, "quiet", "echo")]
+    busy_node = rows[(500.0, "busy", "node")]
+    ratio = None
+    if node["p99_ms"] is not None and echo["p99_ms"] is not None:
+        ratio = round(node["p99_ms"] / echo["p99_ms"], 2)
     result = {
-        "latency_p99_ms_500hz": round(node500["latency_p99_ms"], 3),
-        "latency_p50_ms_500hz": round(node500["latency_p50_ms"], 3),
-        "latency_p99_ms_50hz": round(rows[(50.0, "q2real node")]["latency_p99_ms"], 3),
-        "jitter_p99_ms_500hz": round(node500["jitter_p99_ms"], 3),
-        "lost_500hz": node500["late_or_lost"],
-        "node_over_echo_p99_500hz": round(node500["latency_p99_ms"] / echo500["latency_p99_ms"], 2),
-        "echo_latency_p99_ms_500hz": round(echo500["latency_p99_ms"], 3),
+        "lost_fraction_500hz": node["lost_fraction"],
+        "lost_fraction_500hz_busy": busy_node["lost_fraction"],
+        "echo_lost_fraction_500hz": echo["lost_fraction"],
+        "echo_lost_fraction_500hz_busy": rows[(500.0, "busy", "echo")]["lost_fraction"],
+        "lost_fraction_500hz_busy_fifo": rows[(500.0, label(True, ROWS[-1][2]), "node")].get("lost_fraction"),
+        "lost_fraction_1khz": rows[(1000.0, "quiet", "node")]["lost_fraction"],
+        "latency_p99_ms_500hz": node["p99_ms"],
+        "answered_p99_ms_500hz": node["answered_p99_ms"],
+        "echo_latency_p99_ms_500hz": echo["p99_ms"],
+        "node_over_echo_p99_500hz": ratio,
+        "latency_p99_ms_50hz": rows[(50.0, "quiet", "node")]["p99_ms"],
         "seconds_per_row": args.seconds,
+        "rows": {f"{rate:g} Hz {load} {peer}": r for (rate, load, peer), r in rows.items()},
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "deploy_loop.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -147,12 +147,21 @@ def _deploy(args: argparse.Namespace) -> int:
     print(f"q2real deploy: {args.bundle} ({'sim robot, loopback DDS' if args.sim else 'waiting for the robot'})")
     if not args.sim and not config.autostart:
         print("press Enter to ramp to the default pose and hand over to the policy; Ctrl-C stops")
-    summary = deploy(args.bundle, config, sim=args.sim, duration=args.duration, operator_start=not config.autostart)
+    summary = deploy(
+        args.bundle,
+        config,
+        sim=args.sim,
+        duration=args.duration,
+        operator_start=not config.autostart,
+        timings=args.timings,
+    )
     print(
         f"stopped after {summary.ticks} ticks in mode {summary.mode}; latency p50 {summary.latency_p50_ms:.3f} ms "
         f"p99 {summary.latency_p99_ms:.3f} ms; loop deadline misses {summary.loop_deadline_misses}; "
         f"refused messages {summary.refused_messages}; shield {summary.shield_counters or 'no interventions'}"
     )
+    stages = ", ".join(f"{name} {s['p99_ms']:.3f}" for name, s in summary.stages.items() if name != "total")
+    print(f"tick path p99 ms: {stages}" + (f" (every tick in {args.timings})" if args.timings else ""))
     return 0
 
 
@@ -209,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("bundle", metavar="BUNDLE", help="policy bundle (.onnx) from `q2real export`")
     dep.add_argument("--sim", action="store_true", help="start the bundle's robot in simulation (loopback DDS)")
     dep.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
+    dep.add_argument("--timings", metavar="CSV", help="write every tick's stage timestamps here when it stops")
     _job_arguments(dep)
     dep.set_defaults(func=_deploy)
     gate = command(

@@ -26,6 +26,7 @@ from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
+from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
 from q2real.deploy_ros.node import PolicyNode, Tick
 from q2real.deploy_ros.settings import NODE_NAME, resolve_topic
 
@@ -115,7 +116,12 @@ class Endpoints:
 
 
 class DdsNode:
-    """`PolicyNode` on DDS: subscriptions feed its inputs, its ticks go out as commands."""
+    """`PolicyNode` on DDS: subscriptions feed its inputs, its ticks go out as commands.
+
+    Cyclone delivers each joint state on its receive thread, which then runs the tick and writes the
+    command (`PolicyNode.spin`); the tick path only serializes the command and queues the tick for
+    the recorder. Diagnostics are published from their own thread from construction to `close`.
+    """
 
     def __init__(self, node: PolicyNode, domain: int | None = None, recorder=None):
         self.node = node
@@ -135,8 +141,8 @@ class DdsNode:
             self.dds.reader(topics.reset, msg.Empty, lambda m: node.on_reset()),
             self.dds.reader(topics.task_command, msg.Float64MultiArray, lambda m: node.on_task_command(m.data)),
         ]
-        self._last_diagnostics = 0.0
-        self._last_mode = node.shield.mode
+        self._closed = False
+        self.diagnostics = DiagnosticsThread(node, self._write_diagnostics).start()
 
     def _on_joint_state(self, m: msg.JointState) -> None:
         if self._first_names is None:
@@ -162,20 +168,21 @@ class DdsNode:
         self.command_writer.write(message)
         if self.recorder is not None:
             self.recorder.write(tick, message)
-        mode = tick.command.mode
-        if mode != self._last_mode or tick.time - self._last_diagnostics >= node.config.diagnostics_period:
-            self._last_diagnostics, self._last_mode = tick.time, mode
-            report = node.diagnostics()
-            if tick.command.reason:
-                report["message"] = f"{report['message']}: {tick.command.reason}"
-            self.diagnostics_writer.write(diagnostics_message(msg, report, node.spec.name, stamp_now(msg)))
+
+    def _write_diagnostics(self, report: Report) -> None:
+        self.diagnostics_writer.write(diagnostics_message(msg, report, self.node.spec.name, stamp_now(msg)))
 
     def run(self, stop: threading.Event) -> None:
         self.wait_for_robot()
         self.node.spin(stop, self.publish)
 
     def close(self) -> None:
-        self.dds.close()
+        """Stop the diagnostics thread, publish a last report (the final mode), delete the entities."""
+        if not self._closed:
+            self._closed = True
+            self.diagnostics.stop()
+            self._write_diagnostics(self.diagnostics.report())
+            self.dds.close()
 
 
 def wait_for_match(writer: DataWriter, readers: int = 1, timeout: float = 5.0) -> None:

@@ -17,7 +17,10 @@ after an e-stop (a latched stop needs a reset and then an explicit start).
 
 Ticks are triggered by fresh joint states (`trigger: state`, the default: the observation is as young
 as the transport allows), one per control period, with the period's timer as the fallback when the
-robot goes quiet; `trigger: timer` ticks on the timer alone.
+robot goes quiet; `trigger: timer` ticks on the timer alone. A state-triggered tick runs in the
+thread that delivered the state, the moment it arrives, so no thread handoff stands between a state
+and its command; diagnostics and recording run on their own threads, and every tick stamps where its
+time went (`q2real.deploy_ros.timing`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import math
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +40,10 @@ import numpy as np
 
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.observation import ObservationBuilder
+from q2real.deploy_ros.realtime import Collector
 from q2real.deploy_ros.schema import BundleError, brief, robot_from_metadata
 from q2real.deploy_ros.settings import NodeConfig, local_robot
+from q2real.deploy_ros.timing import COLUMN, TickTimes
 from q2real.hardware.spec import RobotSpec, SpecError, differences, tighter
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import Command, Shield
@@ -68,6 +74,9 @@ class Tick:
     """Per bundle joint: effort (torque robots) or position target, as sent."""
     latency: float
     """Seconds from the joint state's arrival to the command being ready (NaN if no new state)."""
+
+
+Publish = Callable[[Tick], None]
 
 
 class PolicyNode:
@@ -105,9 +114,21 @@ class PolicyNode:
         self._effort_limit = self.spec.array("effort_limit")
         self._latest: JointSample | None = None
         self._used: JointSample | None = None
-        self._arrived = threading.Event()
         self._state_period = math.inf
         """Smoothed seconds between joint states."""
+        self._tick_lock = threading.Lock()
+        """Held for a tick and its publishing: a tick on arrival and one on the timer never overlap."""
+        self._publish: Publish | None = None
+        """Set while `spin` runs: a state arriving then is ticked on in the thread that delivered it."""
+        self._next_at = math.inf
+        """time.monotonic() the next tick is due; its window opens a quarter period earlier."""
+        self._wake = threading.Event()
+        """Set by an e-stop and after a tick on arrival: the loop re-arms its wait."""
+        self.collector = Collector(config.realtime.gc == "between_ticks")
+        self.times = TickTimes()
+        self.changed = threading.Event()
+        """Set when a tick changed the mode or the shield gave a reason: diagnostics go out at once."""
+        self.last_reason = ""
         self._lock = threading.Lock()
         self._requests: list[tuple[str, float, str]] = []
         """Operator requests (kind 'estop', 'reset' or 'start'; time.monotonic() at receipt; reason)
@@ -123,7 +144,6 @@ class PolicyNode:
         self._last_action = np.zeros(self.bundle.info.action_dim, dtype=np.float32)
         self.refused: Counter[str] = Counter()
         self.last_refusal = ""
-        self.latencies: deque[float] = deque(maxlen=1000)
         self.loop_misses = 0
         self.ticks = 0
         self.last_flags = 0
@@ -195,7 +215,8 @@ class PolicyNode:
             gap = received - self._latest.received
             self._state_period = gap if math.isinf(self._state_period) else 0.9 * self._state_period + 0.1 * gap
         self._latest = JointSample(q, qd, received)
-        self._arrived.set()
+        if self._publish is not None and self._ticks_on_arrival():
+            self._take_tick(self._publish, arrival=True)
         return None
 
     def _refuse(self, reason: str) -> None:
@@ -228,7 +249,7 @@ class PolicyNode:
         if engaged:
             self._request("estop", reason)
             self._estop_event.set()
-            self._arrived.set()
+            self._wake.set()
 
     def on_reset(self) -> None:
         """ESTOP, HOLD or DAMP -> PASSIVE at the next tick, unless an e-stop arrives before that tick."""
@@ -258,12 +279,16 @@ class PolicyNode:
 
     # --- the tick ----------------------------------------------------------------------------------
     def tick(self, now: float | None = None) -> Tick:
+        """One tick, not published (`tick_and_publish` publishes and finishes its timing row)."""
         now = time.monotonic() if now is None else now
         shield = self.shield
+        times = self.times
+        entered = shield.mode
         start = self._apply_requests()
         sample = self._latest
         fresh = sample is not None and sample is not self._used
         self._used = sample
+        times.begin(sample.received if fresh and sample is not None else math.nan, time.monotonic())
         # The shield knows the measured pose from earlier ticks; start() refuses without one.
         if shield.mode == Mode.PASSIVE and (start or self._autostart) and shield.start():
             self._handover = True
@@ -275,7 +300,9 @@ class PolicyNode:
             obs = self.observation(
                 sample.position[self._obs_rows], sample.velocity[self._obs_rows], self._last_action, self._task_command
             ).copy()
+            times.stamp(COLUMN["observed"], time.monotonic())
             raw, policy_time = self._run_policy(obs)
+            times.stamp(COLUMN["decided"], time.monotonic())
         n = len(self.names)
         if sample is None:
             q, qd, received = np.full(n, np.nan), np.zeros(n), -math.inf
@@ -296,10 +323,12 @@ class PolicyNode:
             values = command.position
         self.ticks += 1
         self.last_flags = int(command.flags)
-        latency = time.monotonic() - received if fresh else math.nan
-        if fresh:
-            self.latencies.append(latency)
-        return Tick(now, obs, raw, command, values, latency)
+        if command.mode != entered or command.reason:
+            self.last_reason = command.reason or self.last_reason
+            self.changed.set()
+        done = time.monotonic()
+        times.stamp(COLUMN["shielded"], done)
+        return Tick(now, obs, raw, command, values, done - received if fresh else math.nan)
 
     def _run_policy(self, obs: np.ndarray) -> tuple[np.ndarray, float | None]:
         """The policy's action in [-1, 1] and its run time; a failed run or an output of the wrong
@@ -354,48 +383,91 @@ class PolicyNode:
         return start
 
     # --- the loop ----------------------------------------------------------------------------------
-    def spin(self, stop: threading.Event, publish) -> None:
-        """Tick until `stop` is set, calling `publish(tick)` after each tick."""
+    def tick_and_publish(self, publish: Publish) -> Tick:
+        """One tick, published, with its timing row finished: what a transport's own timer calls."""
+        with self._tick_lock:
+            tick = self.tick()
+            publish(tick)
+            self.times.finish(time.monotonic())
+        return tick
+
+    def spin(self, stop: threading.Event, publish: Publish) -> None:
+        """Tick until `stop` is set, calling `publish(tick)` after each tick.
+
+        While states arrive about once a period (`trigger: state`), their ticks run on arrival in the
+        delivering thread and this thread only keeps time: it ticks when a period's window closes
+        without a state, at once on an e-stop, and collects garbage in the gap after each tick.
+        Otherwise (`trigger: timer`, or a robot much faster than the policy) it ticks on the timer.
+        """
         period = self.period
         slack = 0.25 * period
-        next_at = time.monotonic() + period
-        while not stop.is_set():
-            # A robot much faster than the policy always has a fresh state: plain timer ticks then.
-            if self.config.trigger == "state" and self._state_period > 0.6 * period:
-                sample = self._wait_for_state(next_at - slack, next_at + slack, stop)
-            else:
-                self._sleep_until(next_at)
-                sample = None
+        self.collector.start()
+        with self._tick_lock:
+            self._next_at = time.monotonic() + period
+            self._publish = publish
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                with self._tick_lock:
+                    ticks, due = self.ticks, self._next_at
+                on_arrival = self._ticks_on_arrival()
+                self._wait_until(due - slack if on_arrival else due)
+                if self.ticks == ticks and on_arrival and not self._estop_event.is_set():
+                    # The window is open: a state that came early is used now, else the first to come.
+                    if not self._take_tick(publish, expected=ticks, fresh_only=True):
+                        self._wait_until(due + slack)
+                if self.ticks == ticks:
+                    self._take_tick(publish, expected=ticks)
+                self.collector.between_ticks()
+        finally:
+            with self._tick_lock:
+                self._publish = None
+            self.collector.stop()
+
+    def _ticks_on_arrival(self) -> bool:
+        # A robot much faster than the policy always has a fresh state: plain timer ticks then.
+        return self.config.trigger == "state" and self._state_period > 0.6 * self.period
+
+    def _take_tick(
+        self, publish: Publish, arrival: bool = False, expected: int | None = None, fresh_only: bool = False
+    ) -> bool:
+        """Tick and publish unless this period's tick was already taken; True if it ticked.
+
+        `arrival`: for a state just delivered, which ticks once its period's window has opened and
+        never waits for the lock (the loop is ticking; the state is used by the next tick).
+        `expected`: the tick count the loop saw before waiting; any tick since took the slot.
+        """
+        if not self._tick_lock.acquire(blocking=not arrival):
+            return False
+        try:
             now = time.monotonic()
-            if now > next_at + 0.5 * period:
+            period = self.period
+            sample = self._latest
+            fresh = sample is not None and sample is not self._used
+            if arrival and not (fresh and now >= self._next_at - 0.25 * period):
+                return False
+            if (expected is not None and self.ticks != expected) or (fresh_only and not fresh):
+                return False
+            if now > self._next_at + 0.5 * period:
                 self.loop_misses += 1
             publish(self.tick(now))
+            self.times.finish(time.monotonic())
             # Lock onto the state stream: the next tick is due one period after this state arrived.
-            next_at = (sample.received if sample is not None else next_at) + period
-            if next_at + slack < time.monotonic():
-                next_at = time.monotonic() + period  # overran: skip the lost slots, do not burst
+            locked = fresh and sample is not None and self._ticks_on_arrival()
+            self._next_at = (sample.received if locked and sample is not None else self._next_at) + period
+            if self._next_at + 0.25 * period < time.monotonic():
+                self._next_at = time.monotonic() + period  # overran: skip the lost slots, do not burst
+        finally:
+            self._tick_lock.release()
+        if arrival:
+            self._wake.set()
+        return True
 
-    def _wait_for_state(self, opens: float, closes: float, stop: threading.Event) -> JointSample | None:
-        """The first state not yet used, no earlier than `opens`; None at `closes` or on an e-stop."""
-        self._sleep_until(opens)
-        while not stop.is_set():
-            self._arrived.clear()
-            latest = self._latest
-            if self._estop_event.is_set():
-                return None
-            if latest is not None and latest is not self._used:
-                return latest
-            remaining = closes - time.monotonic()
-            if remaining <= 0:
-                return None
-            self._arrived.wait(remaining)
-        return None
-
-    def _sleep_until(self, deadline: float) -> None:
-        """Sleep until `deadline`, or less: an e-stop ends the wait so its tick is not a period late."""
+    def _wait_until(self, deadline: float) -> None:
+        """Sleep until `deadline`, or less: an e-stop or a tick on arrival ends the wait."""
         remaining = deadline - time.monotonic()
-        if remaining > 0:
-            self._estop_event.wait(remaining)
+        if remaining > 0 and not self._estop_event.is_set():
+            self._wake.wait(remaining)
 
     # --- diagnostics -------------------------------------------------------------------------------
     def diagnostics(self) -> dict[str, Any]:
@@ -404,21 +476,22 @@ class PolicyNode:
         mode = shield.mode
         warn = mode in (Mode.HOLD, Mode.DAMP) or self.refused or self.robot_mismatch
         level = 2 if mode == Mode.ESTOP else 1 if warn else 0
-        lat = np.array(self.latencies) * 1e3 if self.latencies else np.array([math.nan])
+        stages = self.times.summary(last=1000)
         values = {
             "mode": mode.name,
             "flags": flag_names(self.last_flags),
             "ticks": self.ticks,
             "loop_deadline_misses": self.loop_misses,
             "policy_deadline_misses": shield.counters.rules["DEADLINE_MISS"],
-            "latency_p50_ms": f"{np.percentile(lat, 50):.3f}",
-            "latency_p99_ms": f"{np.percentile(lat, 99):.3f}",
-            "refused_messages": sum(self.refused.values()),
+            "latency_p50_ms": f"{stages['total']['p50_ms']:.3f}",
+            "latency_p99_ms": f"{stages['total']['p99_ms']:.3f}",
+            "refused_messages": sum(self.refused.copy().values()),
             "last_refusal": self.last_refusal,
         }
         if self.robot_mismatch:
             values["robot_mismatch"] = "; ".join(self.robot_mismatch)[:REFUSAL_CHARS]
-        values |= {f"refused.{k}": v for k, v in sorted(self.refused.items())}
+        values |= {f"stage_p99_ms.{k}": f"{v['p99_ms']:.3f}" for k, v in stages.items() if k != "total"}
+        values |= {f"refused.{k}": v for k, v in sorted(self.refused.copy().items())}
         values |= {f"shield.{k}": v for k, v in shield.counters.rules.items() if v}
         return {"level": level, "message": mode.name, "values": {k: str(v) for k, v in values.items()}}
 

@@ -5,7 +5,8 @@ The same `PolicyNode` core as the DDS transport: only the plumbing differs. Para
 `shield.fallback`, ...; `policy.path` is the bundle) and are checked as strictly as a q2real config
 file: an unknown parameter name stops the node with its name. The control tick runs on a timer in
 its own mutually exclusive callback group under a multi-threaded executor, so subscriptions only
-store the newest message and never delay a tick.
+store the newest message and never delay a tick; diagnostics and the shield's reasons are published
+and logged from the node's diagnostics thread, never from the tick.
 
 Run: `ros2 run q2real_deploy policy_node --ros-args -p policy.path:=/path/policy.onnx`, or the launch
 file in `deploy_ros/ros2/launch`.
@@ -31,6 +32,7 @@ from std_msgs.msg import Bool, Empty, Float64MultiArray, Header, MultiArrayDimen
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
+from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
 from q2real.deploy_ros.node import PolicyNode, Tick
 from q2real.deploy_ros.settings import NODE_NAME, config_from_parameters
 
@@ -70,7 +72,7 @@ class RclpyPolicyNode(Node):
         self.create_subscription(Empty, topics.reset, lambda m: core.on_reset(), 10)
         self.create_subscription(Float64MultiArray, topics.task_command, lambda m: core.on_task_command(m.data), 10)
         self._checked = False
-        self._last_diagnostics = 0.0
+        self.diagnostics = DiagnosticsThread(core, self._write_diagnostics).start()
         self.create_timer(core.period, self._tick, callback_group=MutuallyExclusiveCallbackGroup())
         self.get_logger().info(
             f"{bundle}: {core.spec.name} joints {core.names}, {1 / core.period:g} Hz, commands on "
@@ -86,8 +88,7 @@ class RclpyPolicyNode(Node):
             self.get_logger().warn(f"joint state refused: {reason}", throttle_duration_sec=1.0)
 
     def _tick(self) -> None:
-        tick = self.core.tick()
-        self.publish(tick)
+        self.core.tick_and_publish(self.publish)
 
     def publish(self, tick: Tick) -> None:
         core = self.core
@@ -96,12 +97,11 @@ class RclpyPolicyNode(Node):
         self.command_pub.publish(
             command_message(MESSAGES, style, core.interface, core.names, tick.values, core.period, stamp)
         )
-        if tick.command.reason:
-            self.get_logger().warn(f"shield: {tick.command.mode.name}: {tick.command.reason}")
-        if tick.command.reason or tick.time - self._last_diagnostics >= core.config.diagnostics_period:
-            self._last_diagnostics = tick.time
-            report = core.diagnostics()
-            self.diagnostics_pub.publish(diagnostics_message(MESSAGES, report, core.spec.name, stamp))
+
+    def _write_diagnostics(self, report: Report) -> None:
+        if ":" in report["message"]:  # a mode change or a shield intervention, with its reason
+            self.get_logger().warn(f"shield: {report['message']}")
+        self.diagnostics_pub.publish(diagnostics_message(MESSAGES, report, self.core.spec.name, stamp_now(MESSAGES)))
 
 
 def main(args=None) -> None:
@@ -118,6 +118,8 @@ def main(args=None) -> None:
     finally:
         executor.shutdown()  # no timer tick may publish after the last command
         node.core.on_estop(True, "node stopped")  # queued like any e-stop, so no pending reset undoes it
-        node.publish(node.core.tick())
+        node.core.tick_and_publish(node.publish)
+        node.diagnostics.stop()
+        node._write_diagnostics(node.diagnostics.report())
         node.destroy_node()
         rclpy.try_shutdown()

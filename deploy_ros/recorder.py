@@ -2,8 +2,9 @@
 
 The bag opens with `ros2 bag info` / `ros2 bag play` and any MCAP viewer, and the bundle's metadata
 is its first message, so a bag can be replayed through the same observation builder and shield off
-the robot. Messages are serialized by the wire types themselves (their CDR is ROS 2's) on a
-background thread, so the control loop only enqueues.
+the robot. The tick only puts the tick and its command message on a queue; the messages are built
+and serialized (by the wire types themselves: their CDR is ROS 2's) and written on the recorder's
+own thread, in the gap after each tick.
 """
 
 from __future__ import annotations
@@ -53,28 +54,30 @@ class Recorder:
             key: self.writer.add_connection(name, msg.ROS_TYPES[kind], typestore=self.typestore)
             for key, (name, kind) in topics.items()
         }
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._write("bundle", time.time_ns(), msg.String(data=json.dumps(bundle_metadata)))
         self._thread = threading.Thread(target=self._drain, name="q2real-recorder", daemon=True)
         self._thread.start()
-        self._put("bundle", time.time_ns(), msg.String(data=json.dumps(bundle_metadata)))
-
-    def _put(self, key: str, stamp: int, message) -> None:
-        self._queue.put((key, stamp, message))
 
     def write(self, tick: Tick, command_message) -> None:
-        stamp = time.time_ns()
+        """Queue one tick (called on the tick path: nothing else happens here)."""
+        self._queue.put((time.time_ns(), tick, command_message))
+
+    def _write(self, key: str, stamp: int, message) -> None:
+        self.writer.write(self.connections[key], stamp, message.serialize())
+
+    def _record(self, stamp: int, tick: Tick, command_message) -> None:
         if tick.observation is not None:
-            self._put("observation", stamp, _floats(msg.Float32MultiArray, tick.observation))
+            self._write("observation", stamp, _floats(msg.Float32MultiArray, tick.observation))
         if tick.raw_action is not None:
-            self._put("action_raw", stamp, _floats(msg.Float32MultiArray, tick.raw_action))
-        self._put("command", stamp, command_message)
-        self._put("flags", stamp, msg.UInt32(data=int(tick.command.flags)))
-        self._put("mode", stamp, msg.UInt32(data=int(tick.command.mode)))
+            self._write("action_raw", stamp, _floats(msg.Float32MultiArray, tick.raw_action))
+        self._write("command", stamp, command_message)
+        self._write("flags", stamp, msg.UInt32(data=int(tick.command.flags)))
+        self._write("mode", stamp, msg.UInt32(data=int(tick.command.mode)))
 
     def _drain(self) -> None:
         while (item := self._queue.get()) is not None:
-            key, stamp, message = item
-            self.writer.write(self.connections[key], stamp, message.serialize())
+            self._record(*item)
 
     def close(self) -> None:
         """Flush everything queued and finish the bag (metadata.yaml); safe to call twice."""

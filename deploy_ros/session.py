@@ -3,14 +3,17 @@
 With `sim=True` the robot is `q2real.deploy_ros.sim_robot` in its own process (the bundle's robot,
 loopback DDS), started before the node and stopped on every way out of `deploy`, start-up failures
 included; it also exits by itself if this process dies. Otherwise the node waits for a real robot's
-joint states. Ctrl-C, the duration running out, or an error stops the node, which then
-sends a last safe command (the shield's fallback) and closes the bag.
+joint states. Ctrl-C, SIGTERM (systemd, a launch file), the duration running out, or an error stops
+the node, which then sends a last safe command (the shield's fallback) and closes the bag. The real-time settings
+(`realtime.*`) are applied after the sim robot is started (it must not inherit them) and before the
+node's DDS threads exist (they must).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -18,8 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from q2real.deploy_ros import realtime
 from q2real.deploy_ros.dds import DdsNode, use_loopback
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
@@ -34,6 +36,10 @@ class Summary:
     loop_deadline_misses: int
     refused_messages: int
     shield_counters: dict[str, int]
+    stages: dict[str, dict[str, float]]
+    """p50/p99/max milliseconds per stage of the tick path (`q2real.deploy_ros.timing.SPANS`)."""
+    realtime: list[str]
+    """The real-time settings that were applied."""
 
 
 def start_sim_robot(robot: str, config: NodeConfig, rate: float | None = None, extra: list[str] | None = None):
@@ -71,30 +77,44 @@ def deploy(
     status_every: float | None = 1.0,
     sim_rate: float | None = None,
     operator_start: bool = False,
+    timings: str | Path | None = None,
 ) -> Summary:
-    """Run until `stop`, the duration or Ctrl-C; `operator_start` reads Enter on stdin as the start."""
+    """Run until `stop`, the duration or Ctrl-C; `operator_start` reads Enter on stdin as the start;
+    `timings`: write every tick's stage timestamps there as CSV at the end."""
     stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if sim:
         use_loopback()
     node = PolicyNode(bundle, config)
     robot = None
+    switch_interval = sys.getswitchinterval()
+    applied: list[str] = []
     try:
         if sim:
             robot = start_sim_robot(node.spec.name, config, rate=sim_rate or 1.0 / node.period)
+        applied = realtime.apply(config.realtime)
+        if applied:
+            print(f"real-time settings: {', '.join(applied)}", flush=True)
         _serve(node, config, stop, duration, status_every, operator_start)
     finally:
+        sys.setswitchinterval(switch_interval)
         # Every exit, start-up failures included (bad topic, bag path, no robot), stops the child.
         if robot is not None:
             stop_sim_robot(robot)
-    lat = np.array(node.latencies) * 1e3 if node.latencies else np.array([np.nan])
+        if timings is not None:
+            node.times.write_csv(timings)
+    stages = node.times.summary()
     return Summary(
         ticks=node.ticks,
         mode=node.shield.mode.name,
-        latency_p50_ms=float(np.percentile(lat, 50)),
-        latency_p99_ms=float(np.percentile(lat, 99)),
+        latency_p50_ms=stages["total"]["p50_ms"],
+        latency_p99_ms=stages["total"]["p99_ms"],
         loop_deadline_misses=node.loop_misses,
         refused_messages=sum(node.refused.values()),
         shield_counters={k: v for k, v in node.shield.counters.rules.items() if v},
+        stages=stages,
+        realtime=applied,
     )
 
 
@@ -130,7 +150,7 @@ def _serve(
         stop.set()
         # A last command in the fallback mode, so the robot is not left on the policy's last action.
         node.on_estop(True, "node stopped")  # queued like any e-stop, so no pending reset undoes it
-        transport.publish(node.tick())
+        node.tick_and_publish(transport.publish)
         transport.close()
         if recorder is not None:
             recorder.close()

@@ -54,6 +54,35 @@ class TopicConfig:
 
 
 @dataclass
+class RealtimeConfig:
+    """Scheduling of the node's process on a robot computer (see the README's real-time section).
+
+    Applied before the node's threads start, so each of them inherits it; a setting the OS denies
+    stops the node with the reason instead of running with less than was asked for.
+    """
+
+    cpus: tuple[int, ...] = ()
+    """CPU affinity (e.g. cores isolated with isolcpus); empty: any CPU."""
+    priority: int = 0
+    """SCHED_FIFO priority 1-99 (ros2_control's guide uses 50); 0: the normal scheduler."""
+    lock_memory: bool = False
+    """mlockall: no page of the process may be swapped out or faulted in lazily during a tick."""
+    gc: Literal["between_ticks", "automatic"] = "between_ticks"
+    """`between_ticks`: the start-up heap is frozen and Python's cyclic collector runs only right
+    after a tick, never inside one; `automatic`: Python's default (a collection may land mid-tick)."""
+    switch_interval: float = 0.0005
+    """Seconds a Python thread may hold the GIL while the ticking thread waits for it (Python's
+    default, 0.005, is 2.5 periods at 500 Hz)."""
+
+    def validate(self) -> None:
+        checks.numbers("realtime.cpus", self.cpus, at_least=0, at_most=4095)
+        if len(set(self.cpus)) != len(self.cpus):
+            raise ValueError(f"realtime.cpus: a CPU is listed twice in {list(self.cpus)}")
+        checks.number("realtime.priority", self.priority, at_least=0, at_most=99)
+        checks.number("realtime.switch_interval", self.switch_interval, above=0.0, at_most=0.1)
+
+
+@dataclass
 class NodeConfig:
     command_style: Literal["forward", "trajectory"] = "forward"
     """`forward`: std_msgs/Float64MultiArray for a forward-command controller (joint order = the
@@ -82,6 +111,7 @@ class NodeConfig:
     spec the bundle names. The bundle's robot must match it field by field and by hash."""
     allow_robot_mismatch: bool = False
     """Run although the bundle's robot differs from this machine's spec; every difference is logged."""
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
 
     def validate(self) -> None:
         if self.control_period is not None:
@@ -98,6 +128,7 @@ class NodeConfig:
         if self.robot is not None and not self.robot.strip():
             raise ValueError("robot: expected a robot name or a robot.yaml path, got an empty string")
         self.topics.validate(self.command_topic())
+        self.realtime.validate()
         try:
             self.shield.validate()
             # On a robot the ramp is real motion: it takes time and starts only near the default pose.

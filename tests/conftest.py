@@ -46,7 +46,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
-
 @pytest.fixture(scope="session")
 def trained_pendulum(tmp_path_factory: pytest.TempPathFactory):
     """SAC trained on pendulum swing-up until its evaluation return reaches 300 (about 100 s on 2 cores).

@@ -1,0 +1,161 @@
+"""A stand-in robot that times a node's answers: how a control computer is checked before the robot.
+
+The probe publishes `sensor_msgs/JointState` at a fixed rate, as a joint_state_broadcaster does,
+and stamps when each command comes back on the controller's topic. A state whose first command does
+not arrive within 0.95 of a period is *lost*: the controller would have run that cycle on the
+previous command. Arrivals are stamped on the DDS thread that delivers them and matched to states
+afterwards, so the probe's own scheduling never turns an answered state into a lost one.
+
+`echo` is the peer to compare with: a process that answers each state at once with a prebuilt
+command, the floor that the middleware and Python leave on the machine. `busy_neighbour` is the
+load a robot computer really has: a CPU-bound process, like a learner beside the node.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from q2real.deploy_ros import messages as msg
+from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback, wait_for_match
+
+COMMANDS = "/forward_command_controller/commands"
+ANSWER_WINDOW = 0.95
+"""Fraction of a period within which a command must follow its state to count as answered."""
+
+BUSY_LOOP = "import numpy as np\na = np.random.rand(256, 256)\nwhile True:\n    a = a @ a\n    a /= np.abs(a).max()\n"
+
+
+@dataclass
+class ProbeResult:
+    rate: float
+    sent: np.ndarray
+    """time.monotonic() of each measured state."""
+    latency: np.ndarray
+    """Seconds from each state to its first command; inf where the state was lost."""
+    arrivals: np.ndarray
+    """time.monotonic() of every command received while measuring."""
+
+    @property
+    def lost(self) -> int:
+        return int(np.isinf(self.latency).sum())
+
+    @property
+    def lost_fraction(self) -> float:
+        return self.lost / max(self.latency.size, 1)
+
+    def row(self) -> dict[str, float | int | None]:
+        """Milliseconds; `p99_ms` counts lost states as infinitely late (None when that makes it
+        infinite), `answered_p99_ms` is over answered states only."""
+        period = 1.0 / self.rate
+        answered = self.latency[np.isfinite(self.latency)] * 1e3
+        everything = np.percentile(self.latency * 1e3, 99) if self.latency.size else math.nan
+        jitter = np.abs(np.diff(self.arrivals) - period) * 1e3 if self.arrivals.size > 1 else np.array([math.nan])
+
+        def ms(value: float) -> float | None:
+            return round(float(value), 3) if math.isfinite(value) else None
+
+        return {
+            "states": int(self.latency.size),
+            "lost": self.lost,
+            "lost_fraction": round(self.lost_fraction, 5),
+            "p50_ms": ms(np.percentile(self.latency * 1e3, 50)) if self.latency.size else None,
+            "p99_ms": ms(everything),
+            "answered_p50_ms": ms(np.percentile(answered, 50)) if answered.size else None,
+            "answered_p99_ms": ms(np.percentile(answered, 99)) if answered.size else None,
+            "answered_max_ms": ms(answered.max()) if answered.size else None,
+            "jitter_p99_ms": ms(np.percentile(jitter, 99)),
+        }
+
+
+def match(sent: np.ndarray, arrivals: np.ndarray, period: float) -> np.ndarray:
+    """Per state, seconds to the first command that arrived after it and before the next state, if
+    that was within the answer window; inf otherwise."""
+    latency = np.full(sent.size, np.inf)
+    if not sent.size or not arrivals.size:
+        return latency
+    follows = np.searchsorted(sent, arrivals, side="right") - 1
+    valid = follows >= 0
+    states, first = np.unique(follows[valid], return_index=True)
+    delay = arrivals[valid][first] - sent[states]
+    answered = delay < ANSWER_WINDOW * period
+    latency[states[answered]] = delay[answered]
+    return latency
+
+
+def probe(
+    rate: float,
+    seconds: float,
+    warmup: float = 3.0,
+    joints: tuple[str, ...] = ("hinge",),
+    commands: str = COMMANDS,
+    match_timeout: float = 30.0,
+) -> ProbeResult:
+    """Publish joint states at `rate` (small motions around zero) and time the commands."""
+    endpoints = Endpoints(node="q2real_probe")
+    try:
+        writer = endpoints.writer("/joint_states", msg.JointState)
+        arrivals: list[float] = []
+        endpoints.reader(commands, msg.Float64MultiArray, lambda _m: arrivals.append(time.monotonic()))
+        wait_for_match(writer, timeout=match_timeout)
+        period = 1.0 / rate
+        steps = int(round((warmup + seconds) * rate))
+        sent = np.zeros(steps)
+        zeros = [0.0] * len(joints)
+        nan = [math.nan] * len(joints)
+        start = time.monotonic()
+        for step in range(steps):
+            angle = 0.05 * math.sin(math.pi * step * period)
+            sent[step] = time.monotonic()
+            writer.write(msg.JointState(name=list(joints), position=[angle] * len(joints), velocity=zeros, effort=nan))
+            delay = start + (step + 1) * period - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        time.sleep(2 * period)  # the last state's answer
+    finally:
+        endpoints.close()
+    first = int(round(warmup * rate))
+    measured = sent[first:]
+    got = np.array(arrivals)
+    got = got[got >= measured[0]] if measured.size else got[:0]
+    return ProbeResult(rate, measured, match(measured, got, period), got)
+
+
+def echo(seconds: float, commands: str = COMMANDS) -> None:
+    """Answer every joint state with a one-joint command at once, for `seconds`."""
+    endpoints = Endpoints(node="q2real_echo")
+    try:
+        writer = endpoints.writer(commands, msg.Float64MultiArray)
+        answer = msg.Float64MultiArray(data=[0.0])
+        endpoints.reader("/joint_states", msg.JointState, lambda _m: writer.write(answer), SENSOR_QOS)
+        time.sleep(seconds)
+    finally:
+        endpoints.close()
+
+
+def busy_neighbour() -> subprocess.Popen:
+    """A CPU-bound process (single-threaded matrix products, as a learner beside the node); the caller
+    terminates it."""
+    env = os.environ | {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", BUSY_LOOP], env=env)
+
+
+def main() -> None:
+    """`python -m q2real.deploy_ros.probe --echo SECONDS`: the echo peer as its own process."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--echo", type=float, required=True, metavar="SECONDS")
+    args = parser.parse_args()
+    use_loopback()
+    echo(args.echo)
+
+
+if __name__ == "__main__":
+    main()
