@@ -150,7 +150,7 @@ def main() -> None:
     """`python -m q2real.deploy_ros.probe --echo SECONDS`: the echo peer as its own process."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="the echo peer: answer every joint state at once")
     parser.add_argument("--echo", type=float, required=True, metavar="SECONDS")
     args = parser.parse_args()
     use_loopback()
