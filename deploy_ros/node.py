@@ -46,6 +46,7 @@ from q2real.deploy_ros.settings import NodeConfig, local_robot
 from q2real.deploy_ros.timing import COLUMN, TickTimes
 from q2real.hardware.spec import RobotSpec, SpecError, differences, tighter
 from q2real.safety.flags import Mode, Rule
+from q2real.safety.limits import clip
 from q2real.safety.shield import Command, Shield
 
 REFUSAL_CHARS = 300
@@ -318,7 +319,7 @@ class PolicyNode:
             # An effort interface has no PD of its own: the shield's damping is applied here.
             measured = q if sample is not None else command.position
             values = command.effort + command.kp * (command.position - measured) - command.kd * qd
-            values = np.clip(values, -self._effort_limit, self._effort_limit)
+            values = clip(values, -self._effort_limit, self._effort_limit)
         else:
             values = command.position
         self.ticks += 1
@@ -345,7 +346,7 @@ class PolicyNode:
             return np.full(0, np.nan), policy_time
         raw = self.bundle.normalized(commands)[0].astype(np.float64)
         if np.isfinite(raw).all():
-            self._last_action[:] = np.clip(raw, -1.0, 1.0)
+            self._last_action[:] = clip(raw, -1.0, 1.0)
         return raw, policy_time
 
     def _apply_requests(self) -> bool:
