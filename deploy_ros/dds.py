@@ -5,6 +5,12 @@ the node's name, types carry their mangled names (`q2real.deploy_ros.messages`) 
 the default profile (RELIABLE, VOLATILE, KEEP_LAST 10) for commands, e-stop and diagnostics, the
 sensor-data profile (BEST_EFFORT, KEEP_LAST 5) for reading joint states, which matches the
 joint_state_broadcaster's RELIABLE writer and any BEST_EFFORT one. Domain: `ROS_DOMAIN_ID`.
+
+Every participant also ignores XTypes type information from Fast DDS (`INTEROP`): Fast DDS 3, the
+default middleware of ROS 2 Kilted, announces type objects that Cyclone 11 rejects as invalid
+("ddsi_xt_type_init_impl with invalid type object"), after which Cyclone never matches its readers
+and a Kilted controller would receive nothing. Without the type information Cyclone matches by type
+name, exactly as rmw_cyclonedds does with every peer; Fast DDS 2 (Jazzy) peers are unaffected.
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from cyclonedds.core import Listener, Policy, Qos
-from cyclonedds.domain import DomainParticipant
+from cyclonedds.core import DDSException, Listener, Policy, Qos
+from cyclonedds.domain import Domain, DomainParticipant
 from cyclonedds.internal import InvalidSample
 from cyclonedds.pub import DataWriter
 from cyclonedds.sub import DataReader
@@ -45,6 +51,16 @@ LOOPBACK = (
 )
 """Cyclone settings for one machine with no network: loopback only, unicast discovery."""
 
+FAST_DDS_VENDOR = "1.15"
+"""eProsima's RTPS vendor id."""
+INTEROP = (
+    "<CycloneDDS><Domain><Compatibility>"
+    f"<IgnoreTypeInformation>{FAST_DDS_VENDOR}</IgnoreTypeInformation>"
+    "</Compatibility></Domain></CycloneDDS>"
+)
+"""Added to the user's CYCLONEDDS_URI for every domain q2real joins (see the module docstring)."""
+_domains: dict[int, Domain] = {}
+
 
 class RobotTimeout(Q2RealError, TimeoutError):
     """The robot sent no joint state within `startup_timeout`: nothing is running or the network is wrong."""
@@ -69,11 +85,29 @@ def domain_id() -> int:
     return int(raw)
 
 
+def join(domain: int) -> None:
+    """Configure `domain` in this process (CYCLONEDDS_URI plus `INTEROP`) before its first participant.
+
+    A domain is configured once per process, when it is created; a domain someone else created
+    keeps its configuration."""
+    if domain not in _domains:
+        user = os.environ.get("CYCLONEDDS_URI", "").strip()
+        try:
+            _domains[domain] = Domain(domain, f"{user},{INTEROP}" if user else INTEROP)
+        except DDSException as err:
+            if err.code != DDSException.DDS_RETCODE_PRECONDITION_NOT_MET:  # not "already exists": a bad configuration
+                raise ConfigError(
+                    f"CYCLONEDDS_URI: Cyclone DDS refused the configuration (its reason is on stderr): {err}"
+                ) from err
+
+
 class Endpoints:
     """One participant with typed readers and writers on ROS 2 topic names."""
 
     def __init__(self, domain: int | None = None, node: str = NODE_NAME):
-        self.participant = DomainParticipant(domain_id() if domain is None else domain)
+        domain = domain_id() if domain is None else domain
+        join(domain)
+        self.participant = DomainParticipant(domain)
         self.node = node
         self._topics: dict[str, Topic] = {}
         self._endpoints: list[DataReader | DataWriter] = []
@@ -132,6 +166,7 @@ class DdsNode:
         self.command_type = msg.JointTrajectory if config.command_style == "trajectory" else msg.Float64MultiArray
         self.command_topic = config.command_topic()
         self.command_writer = self.dds.writer(self.command_topic, self.command_type)
+        node.subscribers = lambda: len(self.command_writer.get_matched_subscriptions())
         self.diagnostics_writer = self.dds.writer(topics.diagnostics, msg.DiagnosticArray)
         self._first_names: list[str] | None = None
         self._robot_seen = threading.Event()

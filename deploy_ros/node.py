@@ -127,6 +127,10 @@ class PolicyNode:
         """Set by an e-stop and after a tick on arrival: the loop re-arms its wait."""
         self.collector = Collector(config.realtime.gc == "between_ticks")
         self.times = TickTimes()
+        self.subscribers: Callable[[], int] | None = None
+        """Matched subscribers of the command topic, if the transport can tell (`require_subscriber`)."""
+        self.waiting = ""
+        """Why a start is being held back (no controller listening), or empty."""
         self.changed = threading.Event()
         """Set when a tick changed the mode or the shield gave a reason: diagnostics go out at once."""
         self.last_reason = ""
@@ -291,8 +295,9 @@ class PolicyNode:
         self._used = sample
         times.begin(sample.received if fresh and sample is not None else math.nan, time.monotonic())
         # The shield knows the measured pose from earlier ticks; start() refuses without one.
-        if shield.mode == Mode.PASSIVE and (start or self._autostart) and shield.start():
-            self._handover = True
+        if shield.mode == Mode.PASSIVE and (start or self._autostart) and self._controller_listening():
+            if shield.start():
+                self._handover = True
         if shield.mode == Mode.RAMP and self._handover and shield.run():
             self._handover = False
         obs = raw = None
@@ -330,6 +335,21 @@ class PolicyNode:
         done = time.monotonic()
         times.stamp(COLUMN["shielded"], done)
         return Tick(now, obs, raw, command, values, done - received if fresh else math.nan)
+
+    def _controller_listening(self) -> bool:
+        """False (and says why, once) while nothing subscribes to the command topic."""
+        if not self.config.require_subscriber or self.subscribers is None or self.subscribers() > 0:
+            self.waiting = ""
+            return True
+        if not self.waiting:
+            self.waiting = (
+                f"no subscriber on {self.config.command_topic()}: staying PASSIVE until the controller is "
+                "up (check the controller name, ROS_DOMAIN_ID and the network; require_subscriber=false "
+                "for a setup without one)"
+            )
+            self.last_reason = self.waiting
+            self.changed.set()  # diagnostics (and the CLI's status line) say it, off the tick
+        return False
 
     def _run_policy(self, obs: np.ndarray) -> tuple[np.ndarray, float | None]:
         """The policy's action in [-1, 1] and its run time; a failed run or an output of the wrong
@@ -475,7 +495,7 @@ class PolicyNode:
         """Level (0 OK, 1 WARN, 2 ERROR), a message and key/value pairs for /diagnostics."""
         shield = self.shield
         mode = shield.mode
-        warn = mode in (Mode.HOLD, Mode.DAMP) or self.refused or self.robot_mismatch
+        warn = mode in (Mode.HOLD, Mode.DAMP) or self.refused or self.robot_mismatch or self.waiting
         level = 2 if mode == Mode.ESTOP else 1 if warn else 0
         stages = self.times.summary(last=1000)
         values = {
@@ -489,6 +509,8 @@ class PolicyNode:
             "refused_messages": sum(self.refused.copy().values()),
             "last_refusal": self.last_refusal,
         }
+        if self.waiting:
+            values["waiting_for_controller"] = self.waiting
         if self.robot_mismatch:
             values["robot_mismatch"] = "; ".join(self.robot_mismatch)[:REFUSAL_CHARS]
         values |= {f"stage_p99_ms.{k}": f"{v['p99_ms']:.3f}" for k, v in stages.items() if k != "total"}

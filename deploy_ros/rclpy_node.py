@@ -3,10 +3,10 @@
 The same `PolicyNode` core as the DDS transport: only the plumbing differs. Parameters mirror
 `NodeConfig` field by field (`command_style`, `autostart`, `topics.joint_states`,
 `shield.fallback`, ...; `policy.path` is the bundle) and are checked as strictly as a q2real config
-file: an unknown parameter name stops the node with its name. The control tick runs on a timer in
-its own mutually exclusive callback group under a multi-threaded executor, so subscriptions only
-store the newest message and never delay a tick; diagnostics and the shield's reasons are published
-and logged from the node's diagnostics thread, never from the tick.
+file: an unknown parameter name stops the node with its name. Ticks follow the core's loop
+(`PolicyNode.spin`, in a thread of its own): a fresh joint state is ticked on in the executor thread
+that delivers it, with the core's timer as the fallback, exactly as on the DDS-wire node;
+diagnostics and the shield's reasons are published and logged from the diagnostics thread.
 
 Run: `ros2 run q2real_deploy policy_node --ros-args -p policy.path:=/path/policy.onnx`, or the launch
 file in `deploy_ros/ros2/launch`.
@@ -23,7 +23,6 @@ from types import SimpleNamespace
 import rclpy
 from builtin_interfaces.msg import Duration, Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -66,6 +65,7 @@ class RclpyPolicyNode(Node):
         style = config.command_style
         command_type = JointTrajectory if style == "trajectory" else Float64MultiArray
         self.command_pub = self.create_publisher(command_type, config.command_topic(), COMMAND_QOS)
+        core.subscribers = self.command_pub.get_subscription_count
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, topics.diagnostics, 10)
         self.create_subscription(JointState, topics.joint_states, self._on_joint_state, qos_profile_sensor_data)
         self.create_subscription(Bool, topics.estop, lambda m: core.on_estop(m.data), 10)
@@ -73,7 +73,11 @@ class RclpyPolicyNode(Node):
         self.create_subscription(Float64MultiArray, topics.task_command, lambda m: core.on_task_command(m.data), 10)
         self._checked = False
         self.diagnostics = DiagnosticsThread(core, self._write_diagnostics).start()
-        self.create_timer(core.period, self._tick, callback_group=MutuallyExclusiveCallbackGroup())
+        self._stop = threading.Event()
+        self._loop = threading.Thread(
+            target=core.spin, args=(self._stop, self.publish), name="q2real-loop", daemon=True
+        )
+        self._loop.start()
         self.get_logger().info(
             f"{bundle}: {core.spec.name} joints {core.names}, {1 / core.period:g} Hz, commands on "
             f"{config.command_topic()} ({style}), shield fallback {config.shield.fallback}"
@@ -87,9 +91,6 @@ class RclpyPolicyNode(Node):
         if reason is not None:
             self.get_logger().warn(f"joint state refused: {reason}", throttle_duration_sec=1.0)
 
-    def _tick(self) -> None:
-        self.core.tick_and_publish(self.publish)
-
     def publish(self, tick: Tick) -> None:
         core = self.core
         style = core.config.command_style
@@ -97,6 +98,16 @@ class RclpyPolicyNode(Node):
         self.command_pub.publish(
             command_message(MESSAGES, style, core.interface, core.names, tick.values, core.period, stamp)
         )
+
+    def stop(self) -> None:
+        """End the loop; no tick publishes after this returns."""
+        self._stop.set()
+        self._loop.join(5.0)
+
+    def destroy_node(self) -> None:
+        self.stop()
+        self.diagnostics.stop()  # before the publishers go
+        super().destroy_node()
 
     def _write_diagnostics(self, report: Report) -> None:
         if ":" in report["message"]:  # a mode change or a shield intervention, with its reason
@@ -116,10 +127,11 @@ def main(args=None) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        executor.shutdown()  # no timer tick may publish after the last command
+        executor.shutdown()
+        node.stop()  # no tick may publish after the last command
         node.core.on_estop(True, "node stopped")  # queued like any e-stop, so no pending reset undoes it
         node.core.tick_and_publish(node.publish)
         node.diagnostics.stop()
-        node._write_diagnostics(node.diagnostics.report())
+        node._write_diagnostics(node.diagnostics.report())  # the final mode
         node.destroy_node()
         rclpy.try_shutdown()

@@ -172,4 +172,5 @@ def _status_line(node: PolicyNode) -> str:
         f"{time.strftime('%H:%M:%S')}  mode {report['mode']:<7} ticks {report['ticks']:>6}  "
         f"latency p50 {report['latency_p50_ms']} ms p99 {report['latency_p99_ms']} ms  "
         f"loop misses {report['loop_deadline_misses']}  refused {report['refused_messages']}"
+        + (f"\n  {report['waiting_for_controller']}" if "waiting_for_controller" in report else "")
     )

@@ -16,6 +16,8 @@ from q2real.hardware.spec import RobotSpec, load_spec, robot_spec
 from q2real.safety.shield import ShieldConfig
 
 NODE_NAME = "q2real_policy"
+ROS_OWN_PARAMETERS = ("use_sim_time", "start_type_description_service")
+"""Parameters every rclpy node declares itself (the second since Jazzy): not q2real settings."""
 
 
 def resolve_topic(name: str, node: str = NODE_NAME) -> str:
@@ -101,6 +103,10 @@ class NodeConfig:
     unknown joint name makes a joint state message malformed."""
     startup_timeout: float = 5.0
     """Seconds to wait for the robot's first joint state before giving up."""
+    require_subscriber: bool = True
+    """Stay in PASSIVE until the command topic has a matched subscriber (the controller): a wrong
+    controller name, domain or middleware is then a node that says why, not a policy running into a
+    void. Off only for setups without a controller (benches)."""
     diagnostics_period: float = 0.5
     topics: TopicConfig = field(default_factory=TopicConfig)
     shield: ShieldConfig = field(default_factory=ShieldConfig)
@@ -149,7 +155,8 @@ def config_from_parameters(parameters: dict) -> tuple[str, NodeConfig]:
     """(bundle path, NodeConfig) from flat ROS 2 parameters such as {'policy.path': ..., 'shield.ramp_time':
     1.0}; unknown names and wrong types are errors, as in a q2real config file."""
     parameters = dict(parameters)
-    parameters.pop("use_sim_time", None)
+    for name in ROS_OWN_PARAMETERS:
+        parameters.pop(name, None)
     bundle = parameters.pop("policy.path", None)
     if not bundle:
         raise ConfigError(f"{NODE_NAME}: parameter policy.path: required (the policy bundle, .onnx)")

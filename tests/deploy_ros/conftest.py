@@ -13,6 +13,10 @@ import pytest
 from q2real.deploy_ros.dds import LOOPBACK
 
 os.environ.setdefault("CYCLONEDDS_URI", LOOPBACK)
+# ROS 2 peers (rclpy on Fast DDS) stay on loopback too; Jazzy reads the FASTRTPS_ name, Kilted FASTDDS_.
+FAST_DDS_LOOPBACK = str(Path(__file__).resolve().parents[1] / "fixtures" / "fastdds_loopback.xml")
+os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", FAST_DDS_LOOPBACK)
+os.environ.setdefault("FASTRTPS_DEFAULT_PROFILES_FILE", FAST_DDS_LOOPBACK)
 _domains = itertools.count(100 + os.getpid() % 50)
 
 

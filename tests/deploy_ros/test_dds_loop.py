@@ -205,3 +205,34 @@ def test_a_bundle_for_another_robot_is_refused_when_the_robot_appears(cartpole_b
     assert isinstance(errors[0], BundleError)
     assert "missing ['slider']" in str(errors[0])  # the cartpole policy also reads the pole's 'hinge'
     assert "robot publishes ['hinge']" in str(errors[0])
+
+
+def test_the_node_stays_passive_until_a_controller_subscribes_to_its_commands(pendulum_bundle, participant):
+    robot = participant("robot")
+    states = robot.writer("/joint_states", msg.JointState, SENSOR_QOS)
+    node = PolicyNode(pendulum_bundle, _config())
+    transport = DdsNode(node)
+    wait_for_match(states)
+    state = msg.JointState(name=["hinge"], position=[0.05], velocity=[0.0], effort=[])
+    stop = threading.Event()
+    thread = threading.Thread(target=node.spin, args=(stop, transport.publish), daemon=True)
+    thread.start()
+    try:
+        for _ in range(40):
+            states.write(state)
+            time.sleep(PERIOD)
+        assert node.shield.mode == Mode.PASSIVE and node.ticks > 20
+        waiting = node.diagnostics()["values"]["waiting_for_controller"]
+        assert waiting.startswith("no subscriber on /forward_command_controller/commands")
+        assert node.diagnostics()["level"] == 1
+        robot.reader("/forward_command_controller/commands", msg.Float64MultiArray)  # the controller comes up
+        for _ in range(100):
+            states.write(state)
+            time.sleep(PERIOD)
+            if node.shield.mode == Mode.RUN:
+                break
+    finally:
+        stop.set()
+        thread.join(5)
+        transport.close()
+    assert node.shield.mode == Mode.RUN and "waiting_for_controller" not in node.diagnostics()["values"]

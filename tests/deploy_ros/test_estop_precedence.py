@@ -149,6 +149,7 @@ def test_reset_then_estop_sent_back_to_back_over_dds_always_ends_in_estop(pendul
     states = robot.writer("/joint_states", msg.JointState)
     node = _node(pendulum_bundle, autostart=True)
     transport = DdsNode(node)
+    robot.reader(transport.command_topic, transport.command_type)  # the controller
     ticks: list[Mode] = []
     stop = threading.Event()
 

@@ -103,7 +103,9 @@ def test_the_tick_path_does_no_blocking_io_and_reporting_runs_on_other_threads(
     monkeypatch.setattr(logging.Logger, "handle", watched("logging", logging.Logger.handle))
     monkeypatch.setattr(Recorder, "_record", watched("recording", Recorder._record))
     monkeypatch.setattr(DiagnosticsThread, "report", watched("diagnostics", DiagnosticsThread.report))
-    robot = participant("robot").writer("/joint_states", msg.JointState, SENSOR_QOS)
+    endpoints = participant("robot")
+    robot = endpoints.writer("/joint_states", msg.JointState, SENSOR_QOS)
+    endpoints.reader(transport.command_topic, transport.command_type)  # the controller
     wait_for_match(robot)
     stop = threading.Event()
     loop = threading.Thread(target=node.spin, args=(stop, tick_publish))

@@ -1,0 +1,97 @@
+"""A real ROS 2 participant (rclpy on the RMW its install defaults to) for the interop tests.
+
+Run by any Python that has rclpy, q2real or not (a Kilted install lives in its own venv):
+`python ros_peer.py SPEC_JSON`. The spec names what to subscribe to and what to publish, with the
+QoS ros2_control declares: the joint_state_broadcaster publishes and the forward and trajectory
+controllers subscribe with the system-default profile (RELIABLE, VOLATILE); operator topics use
+the default profile. The peer prints one JSON line: per subscribed topic the sample count and the
+last sample's fields, so the test can check each message type was decoded, not just matched.
+"""
+
+# pyright: reportMissingImports=false
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.qos import qos_profile_system_default
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Bool, Empty, Float64MultiArray
+from trajectory_msgs.msg import JointTrajectory
+
+TYPES = {
+    "JointState": JointState,
+    "Float64MultiArray": Float64MultiArray,
+    "JointTrajectory": JointTrajectory,
+    "Bool": Bool,
+    "Empty": Empty,
+    "DiagnosticArray": DiagnosticArray,
+}
+
+
+def fields(message) -> dict:
+    """The fields the tests check, as JSON."""
+    if isinstance(message, JointState):
+        return {"name": list(message.name), "position": list(message.position), "velocity": list(message.velocity)}
+    if isinstance(message, Float64MultiArray):
+        return {"data": list(message.data), "dim": [d.label for d in message.layout.dim]}
+    if isinstance(message, JointTrajectory):
+        point = message.points[0]
+        return {
+            "joint_names": list(message.joint_names),
+            "positions": list(point.positions),
+            "effort": list(point.effort),
+            "time_from_start": point.time_from_start.sec + 1e-9 * point.time_from_start.nanosec,
+        }
+    if isinstance(message, DiagnosticArray):
+        status = message.status[0]
+        return {"name": status.name, "message": status.message, "keys": [kv.key for kv in status.values]}
+    return {}
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    rclpy.init()
+    node = rclpy.create_node("q2real_interop_peer")
+    received: dict[str, dict] = {}
+    for topic, kind in spec.get("subscribe", {}).items():
+        received[topic] = {"count": 0, "last": None}
+
+        def store(message, topic=topic) -> None:
+            received[topic]["count"] += 1
+            received[topic]["last"] = fields(message)
+
+        node.create_subscription(TYPES[kind], topic, store, qos_profile_system_default)
+    publishers = []
+    for item in spec.get("publish", []):
+        writer = node.create_publisher(TYPES[item["type"]], item["topic"], qos_profile_system_default)
+        publishers.append((item, writer))
+    start = time.monotonic()
+    sent: dict[str, int] = {}
+    next_at = {id(item): start + item.get("at", 0.0) for item, _ in publishers}
+    while time.monotonic() - start < spec["seconds"]:
+        rclpy.spin_once(node, timeout_sec=0.001)
+        now = time.monotonic()
+        for item, writer in publishers:
+            if now < next_at[id(item)] or (item.get("once") and sent.get(item["topic"])):
+                continue
+            message = TYPES[item["type"]]()
+            for name, value in item.get("data", {}).items():
+                setattr(
+                    message, name, [math.nan if v is None else v for v in value] if isinstance(value, list) else value
+                )
+            writer.publish(message)
+            sent[item["topic"]] = sent.get(item["topic"], 0) + 1
+            next_at[id(item)] = now + 1.0 / item.get("rate", 1.0)
+    print(json.dumps({"received": received, "sent": sent}), flush=True)
+    node.destroy_node()
+    rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    main()

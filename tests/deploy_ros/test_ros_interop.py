@@ -1,0 +1,176 @@
+"""q2real's DDS-wire node and sim robot against real ROS 2 participants: rclpy on rmw_fastrtps_cpp,
+ROS 2's default middleware, for Jazzy (Fast DDS 2.14, in the test venv) and Kilted (Fast DDS 3, in
+`.venv-kilted`, which `.ci/run` makes), both directions, every message type the node uses, with
+ros2_control's QoS, all on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from q2real.deploy_ros.dds import DdsNode
+from q2real.deploy_ros.node import PolicyNode
+from q2real.deploy_ros.session import start_sim_robot, stop_sim_robot
+from q2real.deploy_ros.settings import NodeConfig
+from q2real.safety.flags import Mode
+from q2real.safety.shield import ShieldConfig
+
+pytestmark = pytest.mark.slow  # ROS 2 processes, discovery and seconds of traffic
+
+ROOT = Path(__file__).resolve().parents[2]
+PEER = Path(__file__).with_name("ros_peer.py")
+KILTED = ROOT / ".venv-kilted" / "bin" / "python"
+
+
+def _peer_python(distro: str) -> str:
+    if distro == "jazzy":
+        pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels, x86_64 only) is not installed")
+        return sys.executable
+    if not KILTED.exists():
+        pytest.skip(f"no ROS 2 Kilted peer at {KILTED} (.ci/run makes it: a venv with only the Kilted wheels)")
+    return str(KILTED)
+
+
+def run_peer(distro: str, spec: dict) -> dict:
+    """Run the ROS 2 peer for spec['seconds'] and return what it received and sent."""
+    # The ROS wheels' bootstrapper puts its own install's libraries on LD_LIBRARY_PATH and marks the
+    # environment done; a peer from another install must start from neither.
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "_ROS_WHEELS_BOOTSTRAP_COMPLETE")}
+    if distro == "kilted":
+        env.pop("FASTRTPS_DEFAULT_PROFILES_FILE", None)  # Fast DDS 3 reads FASTDDS_DEFAULT_PROFILES_FILE
+    out = subprocess.run(
+        [_peer_python(distro), str(PEER), json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=spec["seconds"] + 60,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def node_running(bundle, config: NodeConfig):
+    """The q2real node on DDS in a thread of this process, until the block ends."""
+    node = PolicyNode(bundle, config)
+    transport = DdsNode(node)
+    stop = threading.Event()
+    thread = threading.Thread(target=transport.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield node
+    finally:
+        stop.set()
+        thread.join(10)
+        transport.close()
+
+
+def _config(**fields) -> NodeConfig:
+    return NodeConfig(autostart=True, startup_timeout=30.0, shield=ShieldConfig(ramp_time=0.2), **fields)
+
+
+DISTROS = ["jazzy", "kilted"]
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+@pytest.mark.parametrize("style", ["forward", "trajectory"])
+def test_a_ros2_peer_receives_joint_states_commands_and_diagnostics(distro, style, trained_bundle, dds_domain):
+    _peer_python(distro)
+    config = _config(command_style=style)
+    commands = config.command_topic()
+    kind = "JointTrajectory" if style == "trajectory" else "Float64MultiArray"
+    robot = start_sim_robot("pendulum", config)
+    try:
+        with node_running(trained_bundle, config):
+            spec = {
+                "seconds": 5.0,
+                "subscribe": {"/joint_states": "JointState", commands: kind, "/diagnostics": "DiagnosticArray"},
+            }
+            got = run_peer(distro, spec)["received"]
+    finally:
+        stop_sim_robot(robot)
+    states, sent, diagnostics = got["/joint_states"], got[commands], got["/diagnostics"]
+    assert states["count"] > 100 and states["last"]["name"] == ["hinge"], states
+    assert math.isfinite(states["last"]["position"][0])
+    assert sent["count"] > 100, f"{distro} peer received {sent['count']} {kind} commands"
+    if style == "forward":
+        assert len(sent["last"]["data"]) == 1 and sent["last"]["dim"] == ["joints"]
+    else:
+        last = sent["last"]
+        assert last["joint_names"] == ["hinge"] and len(last["effort"]) == 1 and not last["positions"]
+        assert last["time_from_start"] == pytest.approx(0.02)
+    assert diagnostics["count"] >= 3 and diagnostics["last"]["name"] == "q2real_policy: shield"
+    assert {"mode", "latency_p99_ms", "stage_p99_ms.policy"} <= set(diagnostics["last"]["keys"])
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_the_node_runs_a_ros2_robot_and_obeys_its_operator_topics(distro, pendulum_bundle, dds_domain):
+    """The peer is the robot (joint states as joint_state_broadcaster publishes them) and the operator
+    (an e-stop, then a reset); the node answers every state with a command."""
+    _peer_python(distro)
+    state = {"name": ["hinge"], "position": [0.05], "velocity": [0.0], "effort": [None]}
+    spec = {
+        "seconds": 5.0,
+        "subscribe": {"/forward_command_controller/commands": "Float64MultiArray"},
+        "publish": [
+            {"topic": "/joint_states", "type": "JointState", "rate": 50.0, "data": state},
+            {"topic": "/q2real_policy/estop", "type": "Bool", "at": 3.0, "once": True, "data": {"data": True}},
+            {"topic": "/q2real_policy/reset", "type": "Empty", "at": 4.0, "once": True},
+        ],
+    }
+    modes: list[Mode] = []
+    with node_running(pendulum_bundle, _config()) as node:
+        watcher = threading.Thread(
+            target=lambda: [modes.append(node.shield.mode) or time.sleep(0.01) for _ in range(480)]
+        )
+        watcher.start()
+        got = run_peer(distro, spec)
+        watcher.join()
+    commands = got["received"]["/forward_command_controller/commands"]
+    assert commands["count"] > 100, commands
+    assert Mode.RUN in modes and Mode.ESTOP in modes, f"modes seen: {sorted(set(modes))}"
+    assert modes.index(Mode.ESTOP) > modes.index(Mode.RUN)
+    assert node.shield.mode == Mode.PASSIVE, "the reset did not arrive (autostart never restarts after an e-stop)"
+    assert not node.refused
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_a_task_command_from_a_ros2_peer_reaches_the_observation(distro, panda_bundle, dds_domain):
+    _peer_python(distro)
+    config = _config()
+    probe = PolicyNode(panda_bundle, config)
+    joints = list(probe.joints)
+    default = [float(v) for v in probe.spec.array("default_position")] + [0.0] * (len(joints) - len(probe.names))
+    target = [0.4, -0.1, 0.5][: probe.observation.command_dim]
+    spec = {
+        "seconds": 3.0,
+        "publish": [
+            {
+                "topic": "/joint_states",
+                "type": "JointState",
+                "rate": 50.0,
+                "data": {"name": joints, "position": default, "velocity": [0.0] * len(joints)},
+            },
+            {
+                "topic": "/q2real_policy/command",
+                "type": "Float64MultiArray",
+                "at": 1.0,
+                "rate": 10.0,
+                "data": {"data": target},
+            },
+        ],
+    }
+    with node_running(panda_bundle, config) as node:
+        run_peer(distro, spec)
+        assert np.allclose(node._task_command, target), node._task_command
+        assert node.ticks > 50 and not node.refused
