@@ -217,6 +217,7 @@ class DdsNode:
             self._closed = True
             self.diagnostics.stop()
             self._write_diagnostics(self.diagnostics.report())
+            self.node.subscribers = lambda: 0  # no controller can be reached through a closed writer
             self.dds.close()
 
 

@@ -25,7 +25,9 @@ from builtin_interfaces.msg import Duration, Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.utilities import try_shutdown
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Bool, Empty, Float64MultiArray, Header, MultiArrayDimension, MultiArrayLayout
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
@@ -58,7 +60,10 @@ class RclpyPolicyNode(Node):
         super().__init__(
             NODE_NAME, allow_undeclared_parameters=True, automatically_declare_parameters_from_overrides=True
         )
-        values = {name: p.value for name, p in self.get_parameters_by_prefix("").items()}
+        # rclpy annotates the values but returns Parameter objects (Jazzy); accept either.
+        values = {
+            name: p.value if isinstance(p, Parameter) else p for name, p in self.get_parameters_by_prefix("").items()
+        }
         bundle, config = config_from_parameters(values)
         self.core = core = PolicyNode(bundle, config)
         topics = config.topics
@@ -68,9 +73,9 @@ class RclpyPolicyNode(Node):
         core.subscribers = self.command_pub.get_subscription_count
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, topics.diagnostics, 10)
         self.create_subscription(JointState, topics.joint_states, self._on_joint_state, qos_profile_sensor_data)
-        self.create_subscription(Bool, topics.estop, lambda m: core.on_estop(m.data), 10)
-        self.create_subscription(Empty, topics.reset, lambda m: core.on_reset(), 10)
-        self.create_subscription(Float64MultiArray, topics.task_command, lambda m: core.on_task_command(m.data), 10)
+        self.create_subscription(Bool, topics.estop, self._on_estop, 10)
+        self.create_subscription(Empty, topics.reset, self._on_reset, 10)
+        self.create_subscription(Float64MultiArray, topics.task_command, self._on_task_command, 10)
         self._checked = False
         self.diagnostics = DiagnosticsThread(core, self._write_diagnostics).start()
         self._stop = threading.Event()
@@ -98,6 +103,15 @@ class RclpyPolicyNode(Node):
         self.command_pub.publish(
             command_message(MESSAGES, style, core.interface, core.names, tick.values, core.period, stamp)
         )
+
+    def _on_estop(self, m: Bool) -> None:
+        self.core.on_estop(m.data)
+
+    def _on_reset(self, _m: Empty) -> None:
+        self.core.on_reset()
+
+    def _on_task_command(self, m: Float64MultiArray) -> None:
+        self.core.on_task_command(m.data)
 
     def stop(self) -> None:
         """End the loop; no tick publishes after this returns."""
@@ -134,4 +148,4 @@ def main(args=None) -> None:
         node.diagnostics.stop()
         node._write_diagnostics(node.diagnostics.report())  # the final mode
         node.destroy_node()
-        rclpy.try_shutdown()
+        try_shutdown()

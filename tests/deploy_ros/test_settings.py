@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,20 @@ def test_the_node_leaves_the_config_it_was_handed_unchanged(pendulum_bundle) -> 
     node = PolicyNode(pendulum_bundle, config)
     assert config.shield.action_scale is None and config.shield.action_offset is None
     assert node.shield.scale.tolist() == [2.0]  # the bundle's mapping: pendulum effort limit
+
+
+def test_the_ros2_packages_parameter_file_is_a_valid_node_config() -> None:
+    """The shipped `config/policy.yaml` goes through the same strict parser as the node's parameters."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "deploy_ros" / "ros2" / "config" / "policy.yaml"
+    params = yaml.safe_load(path.read_text())["q2real_policy"]["ros__parameters"]
+
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+        return out
+
+    bundle, config = config_from_parameters(flat(params) | {"policy.path": "policy.onnx"})
+    assert bundle == "policy.onnx" and config.require_subscriber and config.realtime.priority == 0
