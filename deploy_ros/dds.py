@@ -16,6 +16,7 @@ name, exactly as rmw_cyclonedds does with every peer; Fast DDS 2 (Jazzy) peers a
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -99,6 +100,11 @@ def join(domain: int) -> None:
                 raise ConfigError(
                     f"CYCLONEDDS_URI: Cyclone DDS refused the configuration (its reason is on stderr): {err}"
                 ) from err
+            print(
+                f"warning: DDS domain {domain} was created before q2real configured it: Fast DDS 3 (ROS 2 Kilted) "
+                "peers may not match unless CYCLONEDDS_URI sets Compatibility/IgnoreTypeInformation to 1.15",
+                file=sys.stderr,
+            )
 
 
 class Endpoints:

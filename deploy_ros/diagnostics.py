@@ -8,6 +8,7 @@ every `diagnostics_period`, and at once when a tick changed the mode or the shie
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 
@@ -43,7 +44,10 @@ class DiagnosticsThread:
             node.changed.wait(node.config.diagnostics_period)
             node.changed.clear()
             if not self._stop.is_set():
-                self.write(self.report())
+                try:
+                    self.write(self.report())
+                except Exception as err:  # a report must never end reporting (a transport hiccup, a bug)
+                    print(f"warning: diagnostics not published: {type(err).__name__}: {err}", file=sys.stderr)
 
     def stop(self) -> None:
         """Stop and join; the caller then writes a last report itself if it wants one."""

@@ -78,6 +78,7 @@ class Tick:
 
 
 Publish = Callable[[Tick], None]
+UNUSABLE_STATE = Rule.STATE_MISSING | Rule.STATE_NONFINITE | Rule.STATE_OUT_OF_LIMITS | Rule.STATE_STALE
 
 
 class PolicyNode:
@@ -220,8 +221,9 @@ class PolicyNode:
             gap = received - self._latest.received
             self._state_period = gap if math.isinf(self._state_period) else 0.9 * self._state_period + 0.1 * gap
         self._latest = JointSample(q, qd, received)
-        if self._publish is not None and self._ticks_on_arrival():
-            self._take_tick(self._publish, arrival=True)
+        publish = self._publish
+        if publish is not None and self._ticks_on_arrival():
+            self._take_tick(publish, arrival=True)
         return None
 
     def _refuse(self, reason: str) -> None:
@@ -253,8 +255,6 @@ class PolicyNode:
         changes nothing: only a reset leaves ESTOP."""
         if engaged:
             self._request("estop", reason)
-            self._estop_event.set()
-            self._wake.set()
 
     def on_reset(self) -> None:
         """ESTOP, HOLD or DAMP -> PASSIVE at the next tick, unless an e-stop arrives before that tick."""
@@ -269,6 +269,9 @@ class PolicyNode:
     def _request(self, kind: str, reason: str = "") -> None:
         with self._lock:
             self._requests.append((kind, time.monotonic(), reason))
+            if kind == "estop":  # under the lock: the tick that takes the request also clears the event
+                self._estop_event.set()
+                self._wake.set()
 
     def on_task_command(self, values) -> str | None:
         try:
@@ -321,9 +324,11 @@ class PolicyNode:
             if mode != Mode.ESTOP:
                 self._latched_at = time.monotonic()
         if self.torque:
-            # An effort interface has no PD of its own: the shield's damping is applied here.
-            measured = q if sample is not None else command.position
-            values = command.effort + command.kp * (command.position - measured) - command.kd * qd
+            # An effort interface has no PD of its own: the shield's damping is applied here, and only
+            # with a state the shield accepted this tick (a stale or faulty velocity damps nothing).
+            values = command.effort
+            if sample is not None and not command.flags & UNUSABLE_STATE:
+                values = values + command.kp * (command.position - q) - command.kd * qd
             values = clip(values, -self._effort_limit, self._effort_limit)
         else:
             values = command.position
@@ -408,9 +413,26 @@ class PolicyNode:
         """One tick, published, with its timing row finished: what a transport's own timer calls."""
         with self._tick_lock:
             tick = self.tick()
-            publish(tick)
-            self.times.finish(time.monotonic())
+            self._send(publish, tick)
         return tick
+
+    def final_command(self, publish: Publish, reason: str = "node stopped") -> Tick:
+        """The last command before the node exits: an e-stop tick, queued like any e-stop so no pending
+        reset undoes it. A controller keeps its last command after the node is gone, so a torque
+        robot gets zero effort (not a damping torque that would stay latched)."""
+        self.on_estop(True, reason)
+        with self._tick_lock:
+            tick = self.tick()
+            if self.torque:
+                tick = dataclasses.replace(tick, values=np.zeros_like(tick.values))
+            self._send(publish, tick)
+        return tick
+
+    def _send(self, publish: Publish, tick: Tick) -> None:
+        """Publish unless it would command a position robot to the default pose before its pose is known."""
+        if self.torque or self.shield.has_pose:
+            publish(tick)
+        self.times.finish(time.monotonic())
 
     def spin(self, stop: threading.Event, publish: Publish) -> None:
         """Tick until `stop` is set, calling `publish(tick)` after each tick.
@@ -428,16 +450,18 @@ class PolicyNode:
             self._publish = publish
         try:
             while not stop.is_set():
-                self._wake.clear()
-                with self._tick_lock:
+                with self._tick_lock:  # a tick on arrival sets the wake-up under this lock: none is lost
+                    self._wake.clear()
                     ticks, due = self.ticks, self._next_at
                 on_arrival = self._ticks_on_arrival()
+                deadline = due + slack if on_arrival else due
                 self._wait_until(due - slack if on_arrival else due)
                 if self.ticks == ticks and on_arrival and not self._estop_event.is_set():
                     # The window is open: a state that came early is used now, else the first to come.
                     if not self._take_tick(publish, expected=ticks, fresh_only=True):
-                        self._wait_until(due + slack)
-                if self.ticks == ticks:
+                        self._wait_until(deadline)
+                # The fallback tick: only for an e-stop or once the slot's deadline has really passed.
+                if self.ticks == ticks and (self._estop_event.is_set() or time.monotonic() >= deadline):
                     self._take_tick(publish, expected=ticks)
                 self.collector.between_ticks()
         finally:
@@ -465,23 +489,22 @@ class PolicyNode:
             period = self.period
             sample = self._latest
             fresh = sample is not None and sample is not self._used
-            if arrival and not (fresh and now >= self._next_at - 0.25 * period):
-                return False
+            if arrival and not (fresh and now >= self._next_at - 0.25 * period and self._publish is publish):
+                return False  # not due yet, or `spin` has ended: nothing may be published any more
             if (expected is not None and self.ticks != expected) or (fresh_only and not fresh):
                 return False
             if now > self._next_at + 0.5 * period:
                 self.loop_misses += 1
-            publish(self.tick(now))
-            self.times.finish(time.monotonic())
+            self._send(publish, self.tick(now))
             # Lock onto the state stream: the next tick is due one period after this state arrived.
             locked = fresh and sample is not None and self._ticks_on_arrival()
             self._next_at = (sample.received if locked and sample is not None else self._next_at) + period
             if self._next_at + 0.25 * period < time.monotonic():
                 self._next_at = time.monotonic() + period  # overran: skip the lost slots, do not burst
+            if arrival:
+                self._wake.set()  # the loop re-arms for the next slot
         finally:
             self._tick_lock.release()
-        if arrival:
-            self._wake.set()
         return True
 
     def _wait_until(self, deadline: float) -> None:

@@ -17,6 +17,7 @@ file in `deploy_ros/ros2/launch`.
 
 from __future__ import annotations
 
+import signal
 import threading
 from types import SimpleNamespace
 
@@ -27,11 +28,13 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import try_shutdown
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Bool, Empty, Float64MultiArray, Header, MultiArrayDimension, MultiArrayLayout
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from q2real.deploy_ros import realtime
 from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
 from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
 from q2real.deploy_ros.node import PolicyNode, Tick
@@ -78,11 +81,14 @@ class RclpyPolicyNode(Node):
         self.create_subscription(Float64MultiArray, topics.task_command, self._on_task_command, 10)
         self._checked = False
         self.diagnostics = DiagnosticsThread(core, self._write_diagnostics).start()
+        applied = realtime.apply(config.realtime)  # inherited by the loop and diagnostics threads
         self._stop = threading.Event()
-        self._loop = threading.Thread(
-            target=core.spin, args=(self._stop, self.publish), name="q2real-loop", daemon=True
-        )
+        self.failure: BaseException | None = None
+        """Why the control loop stopped by itself (main then stops the node)."""
+        self._loop = threading.Thread(target=self._run_loop, name="q2real-loop", daemon=True)
         self._loop.start()
+        if applied:
+            self.get_logger().info(f"real-time settings: {', '.join(applied)}")
         self.get_logger().info(
             f"{bundle}: {core.spec.name} joints {core.names}, {1 / core.period:g} Hz, commands on "
             f"{config.command_topic()} ({style}), shield fallback {config.shield.fallback}"
@@ -103,6 +109,14 @@ class RclpyPolicyNode(Node):
         self.command_pub.publish(
             command_message(MESSAGES, style, core.interface, core.names, tick.values, core.period, stamp)
         )
+
+    def _run_loop(self) -> None:
+        try:
+            self.core.spin(self._stop, self.publish)
+        except Exception as err:  # a publish failing (the context shut down) or a bug: stop, loudly
+            self.failure = err
+            self._stop.set()
+            self.get_logger().fatal(f"control loop stopped: {type(err).__name__}: {err}")
 
     def _on_estop(self, m: Bool) -> None:
         self.core.on_estop(m.data)
@@ -130,21 +144,23 @@ class RclpyPolicyNode(Node):
 
 
 def main(args=None) -> None:
-    rclpy.init(args=args)
+    # Our own SIGINT/SIGTERM handling: rclpy's would shut the context down before the last command.
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     node = RclpyPolicyNode()
     executor = MultiThreadedExecutor()
     executor.add_node(node)
     if node.core.config.autostart is False:
         threading.Thread(target=lambda: (input("Enter starts the ramp\n"), node.core.start()), daemon=True).start()
     try:
-        executor.spin()
-    except KeyboardInterrupt:
-        pass
+        while not stop.is_set() and node.failure is None:
+            executor.spin_once(timeout_sec=0.1)
     finally:
         executor.shutdown()
         node.stop()  # no tick may publish after the last command
-        node.core.on_estop(True, "node stopped")  # queued like any e-stop, so no pending reset undoes it
-        node.core.tick_and_publish(node.publish)
+        node.core.final_command(node.publish)
         node.diagnostics.stop()
         node._write_diagnostics(node.diagnostics.report())  # the final mode
         node.destroy_node()

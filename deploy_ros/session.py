@@ -149,8 +149,7 @@ def _serve(
     finally:
         stop.set()
         # A last command in the fallback mode, so the robot is not left on the policy's last action.
-        node.on_estop(True, "node stopped")  # queued like any e-stop, so no pending reset undoes it
-        node.tick_and_publish(transport.publish)
+        node.final_command(transport.publish)
         transport.close()
         if recorder is not None:
             recorder.close()

@@ -242,6 +242,12 @@ class Shield:
         self._set_mode(Mode.RUN, "operator run: policy in control")
         return True
 
+    @property
+    def has_pose(self) -> bool:
+        """Whether a valid measured pose has been read: before one, a position target can only be the
+        default pose, which must never be sent to a robot standing elsewhere."""
+        return self._q is not None
+
     def estop(self, reason: str = "operator e-stop") -> None:
         self._set_mode(Mode.ESTOP, reason)
 

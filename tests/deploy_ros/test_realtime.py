@@ -291,3 +291,50 @@ def test_beside_a_cpu_bound_process_a_100hz_loop_over_dds_answers_nearly_every_s
             child.wait(30)
     assert result.latency.size == 400
     assert result.lost_fraction < 0.05, result.row()
+
+
+def test_no_two_ticks_share_a_period_however_the_states_jitter(pendulum_bundle) -> None:
+    node = PolicyNode(pendulum_bundle, _config(realtime=RealtimeConfig(gc="automatic")))
+    times: list[float] = []
+    stop = threading.Event()
+    loop = threading.Thread(target=node.spin, args=(stop, lambda t: times.append(time.monotonic())))
+    loop.start()
+    rng = np.random.default_rng(0)
+    try:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            node.on_joint_state(["hinge"], [0.01], [0.0], [])
+            time.sleep(PERIOD * rng.uniform(0.7, 1.3))  # states early, late and near the window's edges
+    finally:
+        stop.set()
+        loop.join(5)
+    gaps = np.diff(times)
+    assert len(times) > 50 and gaps.min() > 0.2 * PERIOD, f"two ticks {gaps.min() * 1e3:.2f} ms apart"
+
+
+def test_no_position_command_leaves_before_the_pose_is_measured(panda_bundle) -> None:
+    node = PolicyNode(panda_bundle, _config())
+    sent = []
+    node.tick_and_publish(sent.append)
+    node.final_command(sent.append)
+    assert not sent, "a position target (the default pose) went out before any joint state"
+    pose = [float(v) for v in node.spec.array("default_position")] + [0.0] * (len(node.joints) - len(node.names))
+    node.on_reset()
+    node.on_joint_state(list(node.joints), pose, [0.0] * len(node.joints), [])
+    node.tick_and_publish(sent.append)
+    assert len(sent) == 1 and np.allclose(sent[0].values, pose[: len(node.names)])
+
+
+def test_a_torque_robot_is_never_damped_with_a_stale_velocity_and_ends_on_zero_effort(pendulum_bundle) -> None:
+    node = PolicyNode(pendulum_bundle, _config())
+    node.on_estop(True)
+    node.on_joint_state(["hinge"], [0.0], [3.0], [])
+    fresh = node.tick()
+    assert node.shield.mode == Mode.ESTOP and fresh.values[0] < 0.0  # ESTOP damps the measured motion
+    time.sleep(node.shield.config.max_state_age * 1.5)
+    stale = node.tick()
+    assert stale.values[0] == 0.0, "damping from a velocity the shield no longer trusts"
+    node.on_joint_state(["hinge"], [0.0], [3.0], [])
+    sent = []
+    node.final_command(sent.append)
+    assert sent and sent[0].command.mode == Mode.ESTOP and np.all(sent[0].values == 0.0)
