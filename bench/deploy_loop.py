@@ -13,7 +13,9 @@ single-threaded matrix loop, as a learner beside the node), and the same with th
 settings (`realtime.priority=50`, SCHED_FIFO), where the OS allows them. Prints a table, writes
 bench/results/deploy_loop.json and prints the same JSON as its last line. Headline keys:
 lost_fraction_500hz, lost_fraction_500hz_busy, node_over_echo_p99_500hz, latency_p99_ms_500hz
-(null if lost ticks make it infinite; the loss rate beside it says why).
+(null if lost ticks make it infinite; the loss rate beside it says why). Node rows match each
+state to the command of the tick that consumed it (the node's stamps), so a late answer never passes
+for the next state's; echo rows, without stamps, count the first command after each state.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from q2real.deploy_ros.dds import use_loopback
-from q2real.deploy_ros.probe import ProbeResult, busy_neighbour, probe
+from q2real.deploy_ros.probe import ProbeResult, busy_neighbour, match_ticks, probe
 from q2real.deploy_ros.timing import COLUMN, SPANS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -69,7 +71,8 @@ def default_bundle(directory: Path) -> Path:
 
 def where_the_time_went(result: ProbeResult, timings: Path) -> dict[str, float]:
     """Mean milliseconds per stage over the slowest 1 % of states (lost ones first): wire in
-    (probe -> node), each node span, wire out (node -> probe)."""
+    (probe -> node), the node's spans up to the command being ready, and send (serialization, the
+    write and the wire back to the probe)."""
     rows = np.loadtxt(timings, delimiter=",", skiprows=1, ndmin=2)
     rows = rows[np.isfinite(rows[:, COLUMN["arrived"]])]
     if not rows.size:
@@ -83,12 +86,12 @@ def where_the_time_went(result: ProbeResult, timings: Path) -> dict[str, float]:
     picked = rows[tick[worst]]
     out = {"wire_in": float(np.nanmean(picked[:, COLUMN["arrived"]] - result.sent[worst]) * 1e3)}
     for name, (a, b) in SPANS.items():
-        if name != "total":
+        if name not in ("total", "publish"):
             out[name] = float(np.nanmean(picked[:, COLUMN[b]] - picked[:, COLUMN[a]]) * 1e3)
     answered = np.isfinite(result.latency[worst])
     if answered.any():
         back = result.sent[worst][answered] + result.latency[worst][answered]
-        out["wire_out"] = float(np.nanmean(back - picked[answered, COLUMN["published"]]) * 1e3)
+        out["send"] = float(np.nanmean(back - picked[answered, COLUMN["shielded"]]) * 1e3)
     return {k: round(v, 3) for k, v in out.items()}
 
 
@@ -112,10 +115,19 @@ def run_row(bundle: Path, rate: float, busy: bool, extra: tuple[str, ...], peer:
                 child.terminate()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(30)
-    row = result.row()
     if peer == "node" and timings.exists():
+        # Matched through the node's own tick stamps: a late answer cannot pass for the next state's.
+        ticks = np.loadtxt(timings, delimiter=",", skiprows=1, ndmin=2)
+        exact = match_ticks(
+            result.sent, result.arrivals, ticks[:, COLUMN["arrived"]], ticks[:, COLUMN["shielded"]], 1.0 / rate
+        )
+        window_lost = result.lost
+        result = ProbeResult(result.rate, result.sent, exact, result.arrivals)
+        row = result.row()
+        row["lost_by_window"] = window_lost
         row["slowest_1pct_ms"] = where_the_time_went(result, timings)  # type: ignore[assignment]
-    return row
+        return row
+    return result.row()
 
 
 def label(busy: bool, extra: tuple[str, ...]) -> str:

@@ -89,6 +89,26 @@ def match(sent: np.ndarray, arrivals: np.ndarray, period: float) -> np.ndarray:
     return latency
 
 
+def match_ticks(
+    sent: np.ndarray, arrivals: np.ndarray, arrived: np.ndarray, ready: np.ndarray, period: float
+) -> np.ndarray:
+    """`match` made exact with the node's own tick stamps (`q2real deploy --timings`, the same clock):
+    a state is answered by the command of the tick that consumed it (the first command to arrive after
+    that tick's command was ready: the probe may receive it before the node's write returns), so a
+    node answering every state one period late, or a fallback tick that never saw the state, counts
+    as lost instead of passing as the next state's quick answer."""
+    latency = np.full(sent.size, np.inf)
+    consumed = np.searchsorted(sent, arrived, side="right") - 1  # the state each tick took
+    valid = (consumed >= 0) & np.isfinite(arrived) & np.isfinite(ready)
+    states, first = np.unique(consumed[valid], return_index=True)
+    answer = np.searchsorted(arrivals, ready[valid][first], side="left")
+    got = answer < arrivals.size
+    delay = arrivals[answer[got]] - sent[states[got]]
+    answered = delay < ANSWER_WINDOW * period
+    latency[states[got][answered]] = delay[answered]
+    return latency
+
+
 def probe(
     rate: float,
     seconds: float,

@@ -338,3 +338,18 @@ def test_a_torque_robot_is_never_damped_with_a_stale_velocity_and_ends_on_zero_e
     sent = []
     node.final_command(sent.append)
     assert sent and sent[0].command.mode == Mode.ESTOP and np.all(sent[0].values == 0.0)
+
+
+def test_tick_stamps_catch_a_node_that_answers_every_state_one_period_late() -> None:
+    from q2real.deploy_ros.probe import match_ticks
+
+    period = 0.002
+    sent = np.arange(10) * period
+    arrived = sent + 0.0002  # the node receives each state at once ...
+    ready = sent + period + 0.0003  # ... and answers it a period later
+    arrivals = ready + 0.0001
+    assert np.isfinite(match(sent, arrivals, period)[1:]).all(), "the window match is fooled (the reason for ticks)"
+    assert np.isinf(match_ticks(sent, arrivals, arrived, ready, period)).all()
+    # On time, the probe even receiving a command before the node's write returned.
+    on_time = match_ticks(sent, sent + 0.0006, arrived, sent + 0.0005, period)
+    assert np.allclose(on_time, 0.0006)
