@@ -518,6 +518,8 @@ class PolicyNode:
         """Level (0 OK, 1 WARN, 2 ERROR), a message and key/value pairs for /diagnostics."""
         shield = self.shield
         mode = shield.mode
+        if self.waiting and self.subscribers is not None and self.subscribers() > 0:
+            self.waiting = ""  # the controller came up; with an operator start nothing else re-checks
         warn = mode in (Mode.HOLD, Mode.DAMP) or self.refused or self.robot_mismatch or self.waiting
         level = 2 if mode == Mode.ESTOP else 1 if warn else 0
         stages = self.times.summary(last=1000)
