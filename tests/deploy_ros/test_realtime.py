@@ -237,6 +237,7 @@ REFUSAL = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a child process
 def test_real_time_settings_the_os_denies_stop_with_the_reason_and_the_fix() -> None:
     """A real refusal: a process without the privilege asks for SCHED_FIFO and locked memory."""
     out = subprocess.run([sys.executable, "-c", REFUSAL], capture_output=True, text=True, timeout=60)
@@ -259,6 +260,7 @@ GRANTED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a child process
 def test_granted_real_time_settings_are_in_effect() -> None:
     probe_allowed = subprocess.run(
         [sys.executable, "-c", "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"],
