@@ -18,8 +18,12 @@ from cyclonedds.idl.types import float32, float64, int32, uint8, uint32
 
 if TYPE_CHECKING:  # at run time `sequence[T]` is Annotated[Sequence[T], <IDL bounds>]; a checker needs the Sequence
     from collections.abc import Sequence as sequence
+
+    Covariance9 = Covariance36 = sequence[float]
 else:
-    from cyclonedds.idl.types import sequence
+    from cyclonedds.idl.types import array, sequence
+
+    Covariance9, Covariance36 = array[float64, 9], array[float64, 36]
 
 
 def _name(ros_type: str) -> str:
@@ -133,6 +137,91 @@ class JointTrajectory(IdlStruct, typename=_name("trajectory_msgs/msg/JointTrajec
 
 @dataclass
 @final
+class Vector3(IdlStruct, typename=_name("geometry_msgs/msg/Vector3")):
+    x: float64 = 0.0
+    y: float64 = 0.0
+    z: float64 = 0.0
+
+
+@dataclass
+@final
+class Point(IdlStruct, typename=_name("geometry_msgs/msg/Point")):
+    x: float64 = 0.0
+    y: float64 = 0.0
+    z: float64 = 0.0
+
+
+@dataclass
+@final
+class Quaternion(IdlStruct, typename=_name("geometry_msgs/msg/Quaternion")):
+    # ROS order (x, y, z, w); MuJoCo's is (w, x, y, z).
+    x: float64 = 0.0
+    y: float64 = 0.0
+    z: float64 = 0.0
+    w: float64 = 1.0
+
+
+@dataclass
+@final
+class Pose(IdlStruct, typename=_name("geometry_msgs/msg/Pose")):
+    position: Point = field(default_factory=Point)
+    orientation: Quaternion = field(default_factory=Quaternion)
+
+
+@dataclass
+@final
+class PoseStamped(IdlStruct, typename=_name("geometry_msgs/msg/PoseStamped")):
+    header: Header = field(default_factory=Header)
+    pose: Pose = field(default_factory=Pose)
+
+
+@dataclass
+@final
+class Twist(IdlStruct, typename=_name("geometry_msgs/msg/Twist")):
+    linear: Vector3 = field(default_factory=Vector3)
+    angular: Vector3 = field(default_factory=Vector3)
+
+
+@dataclass
+@final
+class PoseWithCovariance(IdlStruct, typename=_name("geometry_msgs/msg/PoseWithCovariance")):
+    pose: Pose = field(default_factory=Pose)
+    covariance: Covariance36 = field(default_factory=lambda: [0.0] * 36)
+
+
+@dataclass
+@final
+class TwistWithCovariance(IdlStruct, typename=_name("geometry_msgs/msg/TwistWithCovariance")):
+    twist: Twist = field(default_factory=Twist)
+    covariance: Covariance36 = field(default_factory=lambda: [0.0] * 36)
+
+
+@dataclass
+@final
+class Imu(IdlStruct, typename=_name("sensor_msgs/msg/Imu")):
+    header: Header = field(default_factory=Header)
+    orientation: Quaternion = field(default_factory=Quaternion)
+    orientation_covariance: Covariance9 = field(default_factory=lambda: [0.0] * 9)
+    """Element 0 is -1 when the IMU gives no orientation estimate (REP 145)."""
+    angular_velocity: Vector3 = field(default_factory=Vector3)
+    angular_velocity_covariance: Covariance9 = field(default_factory=lambda: [0.0] * 9)
+    linear_acceleration: Vector3 = field(default_factory=Vector3)
+    linear_acceleration_covariance: Covariance9 = field(default_factory=lambda: [0.0] * 9)
+
+
+@dataclass
+@final
+class Odometry(IdlStruct, typename=_name("nav_msgs/msg/Odometry")):
+    header: Header = field(default_factory=Header)
+    child_frame_id: str = ""
+    pose: PoseWithCovariance = field(default_factory=PoseWithCovariance)
+    """In `header.frame_id`."""
+    twist: TwistWithCovariance = field(default_factory=TwistWithCovariance)
+    """In `child_frame_id` (the base)."""
+
+
+@dataclass
+@final
 class KeyValue(IdlStruct, typename=_name("diagnostic_msgs/msg/KeyValue")):
     key: str = ""
     value: str = ""
@@ -174,6 +263,16 @@ ROS_TYPES: dict[type[IdlStruct], str] = {
     JointState: "sensor_msgs/msg/JointState",
     JointTrajectoryPoint: "trajectory_msgs/msg/JointTrajectoryPoint",
     JointTrajectory: "trajectory_msgs/msg/JointTrajectory",
+    Vector3: "geometry_msgs/msg/Vector3",
+    Point: "geometry_msgs/msg/Point",
+    Quaternion: "geometry_msgs/msg/Quaternion",
+    Pose: "geometry_msgs/msg/Pose",
+    PoseStamped: "geometry_msgs/msg/PoseStamped",
+    Twist: "geometry_msgs/msg/Twist",
+    PoseWithCovariance: "geometry_msgs/msg/PoseWithCovariance",
+    TwistWithCovariance: "geometry_msgs/msg/TwistWithCovariance",
+    Imu: "sensor_msgs/msg/Imu",
+    Odometry: "nav_msgs/msg/Odometry",
     KeyValue: "diagnostic_msgs/msg/KeyValue",
     DiagnosticStatus: "diagnostic_msgs/msg/DiagnosticStatus",
     DiagnosticArray: "diagnostic_msgs/msg/DiagnosticArray",

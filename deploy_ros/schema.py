@@ -159,6 +159,7 @@ def robot_from_metadata(meta: dict, source: str, control_period: float | None = 
             locate,
             Path(source),
             Path(source),
+            robot.get("imu"),
         )
     except SpecError as err:
         raise BundleError(str(err)) from err
@@ -222,6 +223,7 @@ def robot_metadata(spec: RobotSpec) -> dict[str, Any]:
         "effort_limits": spec.array("effort_limit").tolist(),
         "kp": spec.array("kp").tolist(),
         "kd": spec.array("kd").tolist(),
+        "imu": {"site": spec.imu.site, "rotation": list(spec.imu.rotation)} if spec.imu else None,
     }
 
 

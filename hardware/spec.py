@@ -26,7 +26,8 @@ HARDWARE_DIR = Path(__file__).resolve().parent
 ControlMode = Literal["torque", "position"]
 CONTROL_MODES = ("torque", "position")
 ROBOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-_TOP_KEYS = {"name", "model", "control_mode", "control_period", "joints"}
+_TOP_KEYS = {"name", "model", "control_mode", "control_period", "joints", "imu"}
+_IMU_KEYS = {"site", "rotation"}
 _JOINT_KEYS = {"name", "position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd"}
 
 
@@ -54,6 +55,18 @@ class JointSpec:
 
 
 @dataclass(frozen=True)
+class ImuSpec:
+    """Where a floating-base robot's IMU sits: what turns its readings into the base-frame gravity and
+    angular velocity the policy observed in simulation."""
+
+    site: str
+    """The MJCF site on the floating base whose frame is the IMU's frame."""
+    rotation: tuple[float, float, float, float]
+    """The IMU frame's orientation in the base body's frame, a unit quaternion (w, x, y, z); written
+    into the model's site, so sim and deploy read the one mounting."""
+
+
+@dataclass(frozen=True)
 class RobotSpec:
     """Everything about a robot that sim, shield and deploy must agree on."""
 
@@ -64,6 +77,8 @@ class RobotSpec:
     """Seconds between two policy actions on the real robot and in sim."""
     joints: tuple[JointSpec, ...]
     source: Path
+    imu: ImuSpec | None = None
+    """The base IMU of a legged or humanoid robot; None for a fixed-base robot."""
 
     @property
     def joint_names(self) -> list[str]:
@@ -150,6 +165,17 @@ def apply_to_model(spec: RobotSpec, model: mujoco.MjModel) -> None:
             gear = model.actuator_gear[act, 0]
             model.actuator_ctrllimited[act] = 1
             model.actuator_ctrlrange[act] = (-joint.effort_limit / gear, joint.effort_limit / gear)
+    if spec.imu is not None:
+        site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, spec.imu.site)
+        if site < 0:
+            raise SpecError(f"{spec.source}: imu.site: no site '{spec.imu.site}' in {spec.model_path.name}")
+        body = model.site_bodyid[site]
+        joint = model.body_jntadr[body]
+        if joint < 0 or model.jnt_type[joint] != mujoco.mjtJoint.mjJNT_FREE:
+            raise SpecError(
+                f"{spec.source}: imu.site: '{spec.imu.site}' is not on the floating base (the body with the free joint)"
+            )
+        model.site_quat[site] = spec.imu.rotation
 
 
 def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = False, finite: bool = False) -> float:
@@ -232,6 +258,24 @@ def _joint(data: dict[str, Any], i: int, control_mode: str, locate: Locate) -> J
     )
 
 
+def _imu(data: Any, where: str) -> ImuSpec | None:
+    if data is None:
+        return None
+    _check_keys(data, _IMU_KEYS, where)
+    site = _require(data, "site", where)
+    if not isinstance(site, str) or not site or len(site) > 256 or not site.isprintable():
+        raise SpecError(f"{where}.site: expected a site name, got {site!r:.80}")
+    rotation = _require(data, "rotation", where)
+    if not isinstance(rotation, list | tuple) or len(rotation) != 4:
+        raise SpecError(f"{where}.rotation: expected a quaternion [w, x, y, z], got {rotation!r:.80}")
+    quat = [_number(v, f"{where}.rotation[{i}]", finite=True) for i, v in enumerate(rotation)]
+    norm = math.sqrt(sum(v * v for v in quat))
+    if abs(norm - 1.0) > 1e-3:
+        raise SpecError(f"{where}.rotation: expected a unit quaternion, got norm {norm:.6g}")
+    w, x, y, z = (v / norm for v in quat)
+    return ImuSpec(site, (w, x, y, z))
+
+
 def build_spec(
     name: Any,
     control_mode: Any,
@@ -240,13 +284,14 @@ def build_spec(
     locate: Locate,
     model_path: Path,
     source: Path,
+    imu: Any = None,
 ) -> RobotSpec:
     """The one validator of robot facts, for a spec file and for a bundle's robot section alike.
 
     Each joint is a mapping with the `JointSpec` field names. Every rule that keeps the shield's
     windows meaningful is here: positive finite velocity and effort limits, ordered position limits,
     a finite default pose inside them, non-negative gains (kp > 0 under position control), unique
-    joint names and a control mode from the closed set.
+    joint names, a control mode from the closed set and an IMU mounting that is a rotation.
     """
     check_robot_name(name, locate("name", None, ""))
     if control_mode not in CONTROL_MODES:
@@ -262,7 +307,7 @@ def build_spec(
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise SpecError(f"{locate('joints', None, '')}: duplicate joint name(s) {dupes!r:.200}")
-    return RobotSpec(name, model_path, control_mode, period, specs, source)
+    return RobotSpec(name, model_path, control_mode, period, specs, source, _imu(imu, locate("imu", None, "")))
 
 
 def differences(a: RobotSpec, b: RobotSpec) -> list[str]:
@@ -272,6 +317,8 @@ def differences(a: RobotSpec, b: RobotSpec) -> list[str]:
         for key in ("name", "control_mode", "control_period")
         if getattr(a, key) != getattr(b, key)
     ]
+    if a.imu != b.imu:
+        found.append(f"imu: {a.imu} vs {b.imu}")
     if a.joint_names != b.joint_names:
         return [*found, f"joint_names: {a.joint_names!r:.200} vs {b.joint_names!r:.200}"]
     for ja, jb in zip(a.joints, b.joints, strict=True):
@@ -339,6 +386,7 @@ def load_spec(path: str | Path) -> RobotSpec:
         locate,
         model_path,
         path,
+        data.get("imu"),
     )
 
 

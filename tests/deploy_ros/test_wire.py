@@ -80,7 +80,57 @@ def _samples() -> list[tuple[object, object, str]]:
         hardware_id="arm",
         values=[t["diagnostic_msgs/msg/KeyValue"](key="mode", value="HOLD")],
     )
+    v3 = t["geometry_msgs/msg/Vector3"]
+    ros_quat = t["geometry_msgs/msg/Quaternion"](x=0.1, y=-0.2, z=0.3, w=0.927)
+    ros_pose = t["geometry_msgs/msg/Pose"](
+        position=t["geometry_msgs/msg/Point"](x=0.5, y=-0.1, z=0.025), orientation=ros_quat
+    )
+    pose = msg.Pose(msg.Point(0.5, -0.1, 0.025), msg.Quaternion(0.1, -0.2, 0.3, 0.927))
+    twist = msg.Twist(msg.Vector3(0.8, -0.2, 0.0), msg.Vector3(0.0, 0.0, 0.5))
+    ros_twist = t["geometry_msgs/msg/Twist"](linear=v3(x=0.8, y=-0.2, z=0.0), angular=v3(x=0.0, y=0.0, z=0.5))
+    cov9, cov36 = [float(i) for i in range(9)], [i / 2 for i in range(36)]
     return [
+        (
+            msg.Imu(
+                header=header,
+                orientation=msg.Quaternion(0.1, -0.2, 0.3, 0.927),
+                orientation_covariance=cov9,
+                angular_velocity=msg.Vector3(0.5, -1.5, 2.0),
+                angular_velocity_covariance=[-1.0] + [0.0] * 8,
+                linear_acceleration=msg.Vector3(0.1, 0.2, 9.81),
+            ),
+            t["sensor_msgs/msg/Imu"](
+                header=ros_header,
+                orientation=ros_quat,
+                orientation_covariance=arr(cov9),
+                angular_velocity=v3(x=0.5, y=-1.5, z=2.0),
+                angular_velocity_covariance=arr([-1.0] + [0.0] * 8),
+                linear_acceleration=v3(x=0.1, y=0.2, z=9.81),
+                linear_acceleration_covariance=arr([0.0] * 9),
+            ),
+            "sensor_msgs/msg/Imu",
+        ),
+        (msg.Twist(twist.linear, twist.angular), ros_twist, "geometry_msgs/msg/Twist"),
+        (
+            msg.PoseStamped(header=header, pose=pose),
+            t["geometry_msgs/msg/PoseStamped"](header=ros_header, pose=ros_pose),
+            "geometry_msgs/msg/PoseStamped",
+        ),
+        (
+            msg.Odometry(
+                header=header,
+                child_frame_id="body",
+                pose=msg.PoseWithCovariance(pose, cov36),
+                twist=msg.TwistWithCovariance(twist, cov36),
+            ),
+            t["nav_msgs/msg/Odometry"](
+                header=ros_header,
+                child_frame_id="body",
+                pose=t["geometry_msgs/msg/PoseWithCovariance"](pose=ros_pose, covariance=arr(cov36)),
+                twist=t["geometry_msgs/msg/TwistWithCovariance"](twist=ros_twist, covariance=arr(cov36)),
+            ),
+            "nav_msgs/msg/Odometry",
+        ),
         (
             msg.JointState(
                 header=header,

@@ -100,3 +100,45 @@ def test_unknown_robot_lists_shipped_specs() -> None:
 def test_robot_names_are_folder_names_never_paths(name: str) -> None:
     with pytest.raises(SpecError, match="expected a robot name of letters, digits"):
         robot_spec(name)
+
+
+def _spot_with_imu(tmp_path: Path, imu) -> Path:
+    data = yaml.safe_load((HARDWARE_DIR / "spot" / "robot.yaml").read_text())
+    data["model"] = str(HARDWARE_DIR / "spot" / "model.xml")
+    data["imu"] = imu
+    path = tmp_path / "robot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("imu", "message"),
+    [
+        ({"site": "imu", "rotation": [1.0, 0.0, 0.0, 0.5]}, "imu.rotation: expected a unit quaternion"),
+        ({"site": "imu", "rotation": [1.0, 0.0, 0.0]}, "imu.rotation: expected a quaternion"),
+        ({"site": "imu", "rotation": [1.0, 0.0, 0.0, float("nan")]}, "imu.rotation[3]: expected a number, got NaN"),
+        ({"site": "imu"}, "missing required field 'rotation'"),
+        ({"site": "imu", "rotation": [1, 0, 0, 0], "frame": "x"}, "unknown field(s) ['frame']"),
+        ({"site": "gyro", "rotation": [1, 0, 0, 0]}, "imu.site: no site 'gyro'"),
+        ({"site": "FR_center", "rotation": [1, 0, 0, 0]}, "not on the floating base"),
+    ],
+)
+def test_a_bad_imu_mounting_is_refused(tmp_path: Path, imu, message: str) -> None:
+    path = _spot_with_imu(tmp_path, imu)
+    with pytest.raises(SpecError) as err:
+        load_spec(path).load_model()
+    assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_the_imu_mounting_is_written_into_the_model_and_travels_in_the_bundle(tmp_path: Path) -> None:
+    from q2real.deploy_ros.schema import robot_from_metadata, robot_metadata
+    from q2real.hardware.spec import differences
+
+    rotation = [0.0, 0.0, 0.0, 1.0]  # mounted upside down about z: yaw by pi
+    spec = load_spec(_spot_with_imu(tmp_path, {"site": "imu", "rotation": rotation}))
+    model = spec.load_model()
+    site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "imu")
+    np.testing.assert_array_equal(model.site_quat[site], rotation)
+    meta = {"control_period": spec.control_period, "action": {"dim": spec.num_joints}, "robot": robot_metadata(spec)}
+    assert robot_from_metadata(meta, "b.onnx").imu == spec.imu
+    assert differences(spec, robot_spec("spot")) == [f"imu: {spec.imu} vs {robot_spec('spot').imu}"]
