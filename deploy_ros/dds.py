@@ -34,6 +34,7 @@ from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
 from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
+from q2real.deploy_ros.inputs import STREAMS
 from q2real.deploy_ros.node import PolicyNode, Tick
 from q2real.deploy_ros.settings import NODE_NAME, resolve_topic
 
@@ -182,6 +183,10 @@ class DdsNode:
             self.dds.reader(topics.reset, msg.Empty, lambda m: node.on_reset()),
             self.dds.reader(topics.task_command, msg.Float64MultiArray, lambda m: node.on_task_command(m.data)),
         ]
+        for stream, topic, kind, handler in STREAMS:  # only the streams the bundle reads
+            if stream in node.inputs.streams:
+                reader = self.dds.reader(getattr(topics, topic), getattr(msg, kind), getattr(node, handler), SENSOR_QOS)
+                self.readers.append(reader)
         self._closed = False
         self.diagnostics = DiagnosticsThread(node, self._write_diagnostics).start()
 

@@ -4,9 +4,11 @@ Transport-agnostic: the DDS transport (`q2real.deploy_ros.dds`, ROS 2 wire forma
 install) and the rclpy node (`q2real.deploy_ros.rclpy_node`) both feed this class the same inputs
 and publish what it returns. Everything the node knows about the robot comes from the bundle.
 
-One tick: take the newest joint state (joints matched by name) -> observation as the bundle's
-metadata says -> policy (timed against the deadline) -> shield -> command in the robot's interface
-(effort for torque-controlled robots, position targets otherwise). Messages that could not have come
+One tick: take the newest joint state (joints matched by name) and the newest reading of each other
+input the bundle reads (base IMU, velocity command, object pose; `q2real.deploy_ros.inputs`, each with
+its own age limit) -> observation as the bundle's metadata says -> policy (timed against the deadline)
+-> shield -> command in the robot's interface (effort for torque-controlled robots, position targets
+otherwise). Messages that could not have come
 from the robot the bundle was trained for (wrong lengths, unknown or missing joints, non-finite
 positions or velocities) are refused and counted; they never reach the shield or the command topic.
 
@@ -39,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.deploy_ros.inputs import Inputs
 from q2real.deploy_ros.observation import ObservationBuilder
 from q2real.deploy_ros.realtime import Collector
 from q2real.deploy_ros.schema import BundleError, brief, robot_from_metadata
@@ -94,7 +97,9 @@ class PolicyNode:
         robot = self._checked_robot(trained, source, meta["robot"]["sha256"])
         self.spec = dataclasses.replace(robot, control_period=config.control_period or trained.control_period)
         self.period = self.spec.control_period
-        self.observation = ObservationBuilder(meta, source)
+        self.observation = ObservationBuilder(meta, source, self._local.load_model)
+        self.inputs = Inputs(self.observation, config.inputs, self.spec.imu, config.topics, source)
+        """The IMU, velocity command and object pose streams the policy reads, with their age limits."""
         self.names = self.spec.joint_names
         # Every joint a valid message must carry: the actuated ones and the ones the policy observes.
         self.joints = tuple(self.names) + tuple(j for j in self.observation.joints if j not in self.names)
@@ -132,6 +137,8 @@ class PolicyNode:
         """Matched subscribers of the command topic, if the transport can tell (`require_subscriber`)."""
         self.waiting = ""
         """Why a start is being held back (no controller listening), or empty."""
+        self.held_back = ""
+        """Why the handover to the policy is being held back (an input missing or stale), or empty."""
         self.changed = threading.Event()
         """Set when a tick changed the mode or the shield gave a reason: diagnostics go out at once."""
         self.last_reason = ""
@@ -166,6 +173,7 @@ class PolicyNode:
                 f"{source}: metadata.robot: no spec of robot '{trained.name}' on this machine to check it "
                 f"against ({err}); set robot=<name or robot.yaml>"
             ) from err
+        self._local = local
         found = differences(trained, local)
         if local.sha256 != trained_hash:
             found.append(f"sha256 (spec + model files): bundle {trained_hash[:12]} vs local {local.sha256[:12]}")
@@ -273,6 +281,25 @@ class PolicyNode:
                 self._estop_event.set()
                 self._wake.set()
 
+    def on_imu(self, message, received: float | None = None) -> str | None:
+        """A sensor_msgs/Imu of the base (DDS or rclpy message); returns why it was refused, or None."""
+        return self._on_input(self.inputs.on_imu, message, received)
+
+    def on_velocity_command(self, message, received: float | None = None) -> str | None:
+        """A geometry_msgs/Twist velocity command; returns why it was refused, or None."""
+        return self._on_input(self.inputs.on_velocity_command, message, received)
+
+    def on_object_pose(self, message, received: float | None = None) -> str | None:
+        """A geometry_msgs/PoseStamped of the tracked object; returns why it was refused, or None."""
+        return self._on_input(self.inputs.on_object_pose, message, received)
+
+    def _on_input(self, handler, message, received: float | None) -> str | None:
+        now = time.monotonic()
+        reason = handler(message, now if received is None else min(received, now))
+        if reason is not None:
+            self._refuse(reason)
+        return reason
+
     def on_task_command(self, values) -> str | None:
         try:
             values = np.asarray(values, dtype=float).reshape(-1)
@@ -301,14 +328,18 @@ class PolicyNode:
         if shield.mode == Mode.PASSIVE and (start or self._autostart) and self._controller_listening():
             if shield.start():
                 self._handover = True
-        if shield.mode == Mode.RAMP and self._handover and shield.run():
-            self._handover = False
+        fault = self.inputs.fault(now)
+        if shield.mode == Mode.RAMP and self._handover:
+            if fault is None and shield.run():
+                self._handover = False
+            self._hold_back(fault[0] if fault is not None else "")
+        if fault is not None and shield.mode == Mode.RUN:
+            shield.fall_back(*fault)
         obs = raw = None
         policy_time = None
         if sample is not None and shield.mode == Mode.RUN:
-            obs = self.observation(
-                sample.position[self._obs_rows], sample.velocity[self._obs_rows], self._last_action, self._task_command
-            ).copy()
+            inputs = {"last_action": self._last_action, "command": self._task_command} | self.inputs.values(now)
+            obs = self.observation(sample.position[self._obs_rows], sample.velocity[self._obs_rows], inputs).copy()
             times.stamp(COLUMN["observed"], time.monotonic())
             raw, policy_time = self._run_policy(obs)
             times.stamp(COLUMN["decided"], time.monotonic())
@@ -340,6 +371,13 @@ class PolicyNode:
         done = time.monotonic()
         times.stamp(COLUMN["shielded"], done)
         return Tick(now, obs, raw, command, values, done - received if fresh else math.nan)
+
+    def _hold_back(self, reason: str) -> None:
+        """Say once why the ramp's end does not hand over (the policy would start on a missing input)."""
+        if reason and not self.held_back:
+            self.last_reason = f"handover held back: {reason}"
+            self.changed.set()
+        self.held_back = reason
 
     def _controller_listening(self) -> bool:
         """False (and says why, once) while nothing subscribes to the command topic."""
@@ -520,7 +558,7 @@ class PolicyNode:
         mode = shield.mode
         if self.waiting and self.subscribers is not None and self.subscribers() > 0:
             self.waiting = ""  # the controller came up; with an operator start nothing else re-checks
-        warn = mode in (Mode.HOLD, Mode.DAMP) or self.refused or self.robot_mismatch or self.waiting
+        warn = mode in (Mode.HOLD, Mode.DAMP) or self.refused or self.robot_mismatch or self.waiting or self.held_back
         level = 2 if mode == Mode.ESTOP else 1 if warn else 0
         stages = self.times.summary(last=1000)
         values = {
@@ -536,6 +574,11 @@ class PolicyNode:
         }
         if self.waiting:
             values["waiting_for_controller"] = self.waiting
+        if self.held_back:
+            values["waiting_for_inputs"] = self.held_back
+        for stream, age in self.inputs.ages(time.monotonic()).items():
+            values[f"input_age_ms.{stream}"] = f"{1000 * age:.1f}"
+        values |= {f"inputs.{k}": v for k, v in sorted(self.inputs.events.copy().items())}
         if self.robot_mismatch:
             values["robot_mismatch"] = "; ".join(self.robot_mismatch)[:REFUSAL_CHARS]
         values |= {f"stage_p99_ms.{k}": f"{v['p99_ms']:.3f}" for k, v in stages.items() if k != "total"}

@@ -1,29 +1,59 @@
-"""Observations on the robot, assembled from joint states exactly as the task computed them in sim.
+"""Observations on the robot, assembled from the node's inputs exactly as the task computed them in sim.
 
 Each observation term in a bundle's metadata names its `source`: what it is made of on the robot.
 The vocabulary is small and closed, so a bundle either says precisely how to build its observation
 or is refused before the robot moves:
 
-  joint_position           q of the listed joints
+  joint_position           q of the listed joints, minus `offset` if given (e.g. the default pose)
   joint_velocity           q dot of the listed joints
   joint_position_cos_sin   cos q of the listed joints, then sin q (angles without the wrap at +-pi)
   last_action              the policy's previous output in [-1, 1] (zeros before the first)
   command                  the task command (e.g. a target), from the command input
+  projected_gravity        unit gravity in the base frame, from the IMU's orientation
+  base_angular_velocity    the base's angular velocity in the base frame, from the IMU's gyro
+  velocity_command         (forward, lateral, yaw rate) from a Twist, clipped to `ranges`
+  object_position          a tracked object's position in `frame_id`, from a PoseStamped
+  body_point               the position of a point `offset` fixed to `body`, by forward kinematics of
+                           the listed joints in this machine's robot model (fixed-base robots)
 
-The tests feed simulator states through this builder and require the task's own observation, so the
-sim and robot sides cannot drift apart silently.
+The IMU terms turn the IMU's readings into the base frame with the mounting rotation of the robot
+spec (`q2real.deploy_ros.inputs`). The tests feed simulator states through the ROS messages the sim
+robot publishes and this builder, and require the task's own observation, so the sim and robot
+sides cannot drift apart silently.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from q2real.deploy_ros.schema import BundleError, brief
 
-JOINT_KINDS = ("joint_position", "joint_velocity", "joint_position_cos_sin")
-KINDS = (*JOINT_KINDS, "last_action", "command")
+JOINT_KINDS = ("joint_position", "joint_velocity", "joint_position_cos_sin", "body_point")
+STREAMS = {
+    "last_action": "last_action",
+    "command": "command",
+    "projected_gravity": "imu",
+    "base_angular_velocity": "imu",
+    "velocity_command": "velocity_command",
+    "object_position": "object_pose",
+}
+"""Kind -> the node input it reads, for every term that is not made of joint states."""
+KINDS = (*JOINT_KINDS, *STREAMS)
+_KEYS = {
+    "joint_position": {"joints", "offset"},
+    "joint_velocity": {"joints"},
+    "joint_position_cos_sin": {"joints"},
+    "body_point": {"joints", "body", "offset"},
+    "velocity_command": {"ranges"},
+    "object_position": {"frame_id"},
+}
+"""Keys a source may carry besides `kind`; any other key is an error, not ignored."""
+_FIXED_DIM = {"projected_gravity": 3, "base_angular_velocity": 3, "velocity_command": 3, "object_position": 3}
 
 
 @dataclass(frozen=True)
@@ -33,12 +63,49 @@ class _Term:
     start: int
     dim: int
     index: np.ndarray
+    offset: np.ndarray | None = None
+
+
+class _Kinematics:
+    """World position of a point fixed to a body of the robot's own model, from joint positions."""
+
+    def __init__(self, model, body: str, offset: list[float], joints: list[str], where: str):
+        import mujoco  # only bundles that observe a body point need the model on the robot
+
+        if any(model.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE for j in range(model.njnt)):
+            raise BundleError(f"{where}: a body point needs a fixed-base robot (its base pose is not measured)")
+        self._mujoco, self.model, self.data = mujoco, model, mujoco.MjData(model)
+        self.body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, body)
+        if self.body < 0:
+            raise BundleError(f"{where}: source.body: no body '{brief(body)}' in this machine's robot model")
+        ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in joints]
+        if min(ids) < 0:
+            raise BundleError(f"{where}: source.joints: {brief(joints)} are not all joints of the robot model")
+        self.qpos = np.array([model.jnt_qposadr[j] for j in ids])
+        self.offset = np.asarray(offset, dtype=float)
+
+    def __call__(self, position: np.ndarray) -> np.ndarray:
+        self.data.qpos[self.qpos] = position
+        self._mujoco.mj_kinematics(self.model, self.data)
+        return self.data.xpos[self.body] + self.data.xmat[self.body].reshape(3, 3) @ self.offset
+
+
+def _numbers(value, length: int, where: str) -> list[float]:
+    ok = isinstance(value, list) and len(value) == length
+    ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    if not ok:
+        raise BundleError(f"{where}: expected {length} finite numbers, got {brief(value)}")
+    return [float(v) for v in value]
 
 
 class ObservationBuilder:
-    """Fills one float32 (1, obs_dim) buffer per tick from joint states in the builder's joint order."""
+    """Fills one float32 (1, obs_dim) buffer per tick from joint states in the builder's joint order
+    and the latest value of each input stream the bundle reads.
 
-    def __init__(self, metadata: dict, source: str):
+    `load_model`: compiles this machine's MuJoCo model of the robot; called only for `body_point` terms.
+    """
+
+    def __init__(self, metadata: dict, source: str, load_model: Callable[[], Any] | None = None):
         terms = metadata["observation"]["terms"]
         self.dim = metadata["observation"]["dim"]
         self.action_dim = metadata["action"]["dim"]
@@ -46,6 +113,12 @@ class ObservationBuilder:
         parsed = []
         start = 0
         self.command_dim = 0
+        self.velocity_ranges: np.ndarray | None = None
+        """(3, 2) lower/upper bounds of the velocity command, if the bundle reads one."""
+        self.object_frame: str | None = None
+        """The frame a tracked object's pose must be given in, if the bundle reads one."""
+        self._kinematics: dict[int, _Kinematics] = {}
+        model = None
         for i, term in enumerate(terms):
             where = f"{source}: metadata.observation.terms[{i}] ({brief(term['name'])})"
             spec = term.get("source")
@@ -55,17 +128,19 @@ class ObservationBuilder:
                     "this bundle does not say how to build its observation on a robot"
                 )
             kind, dim = spec["kind"], term["dim"]
+            unknown = sorted(set(spec) - {"kind"} - _KEYS.get(kind, set()))
+            if unknown:
+                raise BundleError(f"{where}: source: unknown key(s) {brief(unknown)} for a '{kind}' term")
             names = spec.get("joints", [])
+            offset = None
             if kind in JOINT_KINDS:
                 if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
                     raise BundleError(f"{where}: source.joints: expected a list of joint names")
-                expected = 2 * len(names) if kind == "joint_position_cos_sin" else len(names)
-            elif names:
-                raise BundleError(f"{where}: source.joints: a '{kind}' term reads no joints")
+                expected = {"joint_position_cos_sin": 2 * len(names), "body_point": 3}.get(kind, len(names))
             elif kind == "last_action":
                 expected = self.action_dim
             else:
-                expected = dim
+                expected = _FIXED_DIM.get(kind, dim)
             if dim != expected:
                 raise BundleError(f"{where}: dim {dim} disagrees with its source (expected {expected})")
             for name in names:
@@ -76,35 +151,68 @@ class ObservationBuilder:
                 self.command_dim += dim
             else:
                 index = [joints.index(n) for n in names]
-            parsed.append((term["name"], kind, start, dim, index))
+            if kind == "joint_position" and "offset" in spec:
+                offset = np.asarray(_numbers(spec["offset"], len(names), f"{where}: source.offset"))
+            elif kind == "body_point":
+                if load_model is None:
+                    raise BundleError(f"{where}: a body point needs this machine's robot model for forward kinematics")
+                model = model or load_model()
+                point = _numbers(spec.get("offset"), 3, f"{where}: source.offset")
+                self._kinematics[i] = _Kinematics(model, spec.get("body"), point, names, where)
+            elif kind == "velocity_command":
+                self._velocity_ranges(spec.get("ranges"), where)
+            elif kind == "object_position":
+                frame = spec.get("frame_id")
+                if not isinstance(frame, str) or not frame or self.object_frame is not None:
+                    raise BundleError(
+                        f"{where}: source.frame_id: expected the frame name of one tracked object, got {brief(frame)}"
+                    )
+                self.object_frame = frame
+            parsed.append(_Term(term["name"], kind, start, dim, np.asarray(index, dtype=np.intp), offset))
             start += dim
         self.joints = tuple(joints)
         """Every joint the observation reads, actuated or not (e.g. a passive pole's encoder)."""
-        self._terms = [_Term(n, k, s, d, np.asarray(ix, dtype=np.intp)) for n, k, s, d, ix in parsed]
+        self._terms = parsed
         """`index` holds joint positions for joint terms and positions in the command vector for commands."""
+        self.streams = frozenset(STREAMS[t.kind] for t in parsed if t.kind in STREAMS) - {"last_action"}
+        """The input streams besides joint states this bundle reads: 'command', 'imu', ..."""
         self.buffer = np.zeros((1, self.dim), dtype=np.float32)
 
-    def __call__(
-        self, position: np.ndarray, velocity: np.ndarray, last_action: np.ndarray, command: np.ndarray | None = None
-    ) -> np.ndarray:
-        """The observation for joint states in `self.joints` order and the command vector (all command
-        terms concatenated in term order); returns the (reused) buffer."""
+    def _velocity_ranges(self, ranges, where: str) -> None:
+        if self.velocity_ranges is not None:
+            raise BundleError(f"{where}: a second velocity command term; the node reads one cmd_vel")
+        rows = ranges if isinstance(ranges, list) and len(ranges) == 3 else None
+        bounds = [_numbers(r, 2, f"{where}: source.ranges[{k}]") for k, r in enumerate(rows or [])]
+        if rows is None or not all(lo <= 0.0 <= hi for lo, hi in bounds):
+            raise BundleError(
+                f"{where}: source.ranges: expected 3 [lower, upper] pairs around 0 (forward, lateral, yaw rate; "
+                f"a timed-out command is zero), got {brief(ranges)}"
+            )
+        self.velocity_ranges = np.asarray(bounds)
+
+    def __call__(self, position: np.ndarray, velocity: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The observation for joint states in `self.joints` order and the latest input values by kind
+        ('last_action', 'command' with all command terms concatenated in term order, 'projected_gravity',
+        ...); returns the (reused) buffer."""
         out = self.buffer[0]
-        for term in self._terms:
+        for i, term in enumerate(self._terms):
             span = slice(term.start, term.start + term.dim)
-            if term.kind == "joint_position":
-                out[span] = position[term.index]
-            elif term.kind == "joint_velocity":
+            kind = term.kind
+            if kind == "joint_position":
+                q = position[term.index]
+                out[span] = q if term.offset is None else q - term.offset
+            elif kind == "joint_velocity":
                 out[span] = velocity[term.index]
-            elif term.kind == "joint_position_cos_sin":
+            elif kind == "joint_position_cos_sin":
                 angle = position[term.index]
                 half = len(term.index)
                 out[term.start : term.start + half] = np.cos(angle)
                 out[term.start + half : term.start + term.dim] = np.sin(angle)
-            elif term.kind == "last_action":
-                out[span] = last_action
+            elif kind == "body_point":
+                out[span] = self._kinematics[i](position[term.index])
             else:
-                if command is None:
-                    raise ValueError(f"observation term '{term.name}' needs a task command and none was given")
-                out[span] = command[term.index]
+                value = inputs.get(kind)
+                if value is None:
+                    raise ValueError(f"observation term '{term.name}' needs a '{kind}' input and none was given")
+                out[span] = value[term.index] if kind == "command" else value
         return self.buffer

@@ -30,17 +30,22 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import try_shutdown
-from sensor_msgs.msg import JointState
+from geometry_msgs.msg import PoseStamped, Twist
+from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Bool, Empty, Float64MultiArray, Header, MultiArrayDimension, MultiArrayLayout
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from q2real.deploy_ros import realtime
 from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
 from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
+from q2real.deploy_ros.inputs import STREAMS
 from q2real.deploy_ros.node import PolicyNode, Tick
 from q2real.deploy_ros.settings import NODE_NAME, config_from_parameters
 
 MESSAGES = SimpleNamespace(
+    Imu=Imu,
+    Twist=Twist,
+    PoseStamped=PoseStamped,
     Time=Time,
     Duration=Duration,
     Header=Header,
@@ -79,6 +84,11 @@ class RclpyPolicyNode(Node):
         self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         self.create_subscription(Empty, topics.reset, self._on_reset, 10)
         self.create_subscription(Float64MultiArray, topics.task_command, self._on_task_command, 10)
+        for stream, topic, kind, handler in STREAMS:  # only the streams the bundle reads
+            if stream in core.inputs.streams:
+                self.create_subscription(
+                    getattr(MESSAGES, kind), getattr(topics, topic), getattr(core, handler), qos_profile_sensor_data
+                )
         self._checked = False
         self.diagnostics = DiagnosticsThread(core, self._write_diagnostics).start()
         applied = realtime.apply(config.realtime)  # inherited by the loop and diagnostics threads

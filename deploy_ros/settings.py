@@ -39,12 +39,19 @@ class TopicConfig:
     estop: str = "~/estop"
     reset: str = "~/reset"
     task_command: str = "~/command"
+    imu: str = "/imu/data"
+    """sensor_msgs/Imu of the base, for policies that observe gravity or the base's angular velocity."""
+    cmd_vel: str = "/cmd_vel"
+    """geometry_msgs/Twist velocity command (linear.x, linear.y, angular.z), for joystick policies."""
+    object_pose: str = "/object_pose"
+    """geometry_msgs/PoseStamped of the tracked object, for manipulation policies that observe one."""
     diagnostics: str = "/diagnostics"
 
     def validate(self, command: str) -> None:
         """Every name valid, and no two roles on one topic (an e-stop topic that is also the joint
         states or the command topic would be fed by the wrong writer)."""
-        roles = {key: getattr(self, key) for key in ("joint_states", "estop", "reset", "task_command", "diagnostics")}
+        keys = ("joint_states", "estop", "reset", "task_command", "imu", "cmd_vel", "object_pose", "diagnostics")
+        roles = {key: getattr(self, key) for key in keys}
         roles["command"] = command
         resolved: dict[str, str] = {}
         for key, name in roles.items():
@@ -53,6 +60,23 @@ class TopicConfig:
             if topic in resolved:
                 raise ValueError(f"topics.{key}: '{topic}' is already the {resolved[topic]} topic")
             resolved[topic] = key
+
+
+@dataclass
+class InputsConfig:
+    """Age limits of the inputs beside joint states (seconds, on the node's clock at arrival)."""
+
+    imu_max_age: float = 0.05
+    """Older than this (or a non-finite, non-unit reading), the policy stops: RUN drops to DAMP."""
+    velocity_command_timeout: float = 0.5
+    """A velocity command older than this is replaced by zero (stand still) until a new one arrives."""
+    object_max_age: float = 0.5
+    """Older than this, the policy stops: RUN falls back as for a joint-state fault."""
+
+    def validate(self) -> None:
+        checks.number("inputs.imu_max_age", self.imu_max_age, above=0.0, at_most=0.5)
+        checks.number("inputs.velocity_command_timeout", self.velocity_command_timeout, above=0.0, at_most=10.0)
+        checks.number("inputs.object_max_age", self.object_max_age, above=0.0, at_most=5.0)
 
 
 @dataclass
@@ -117,6 +141,7 @@ class NodeConfig:
     spec the bundle names. The bundle's robot must match it field by field and by hash."""
     allow_robot_mismatch: bool = False
     """Run although the bundle's robot differs from this machine's spec; every difference is logged."""
+    inputs: InputsConfig = field(default_factory=InputsConfig)
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
 
     def validate(self) -> None:
@@ -134,6 +159,7 @@ class NodeConfig:
         if self.robot is not None and not self.robot.strip():
             raise ValueError("robot: expected a robot name or a robot.yaml path, got an empty string")
         self.topics.validate(self.command_topic())
+        self.inputs.validate()
         self.realtime.validate()
         try:
             self.shield.validate()

@@ -7,13 +7,25 @@ applies the newest command each period: efforts for torque-controlled robots, PD
 (the spec's kp/kd, run by MuJoCo at the physics rate) otherwise. A drive without fresh commands for
 `command_timeout` seconds stops: zero effort, or a hold at the last target.
 
+Beside the joint states, each at its own rate:
+  /imu/data            sensor_msgs/Imu from MuJoCo sensors at the spec's IMU site (robots with one),
+                       with optional noise and gyro bias
+  /object_pose         geometry_msgs/PoseStamped of the task's tracked object (`--task`), in `world`
+  /ground_truth/odom   nav_msgs/Odometry of a floating base: the simulator's truth, for evaluating a
+                       run (the transfer gate's reward); no policy reads it
+A floating-base robot starts standing on its default pose; with `gantry` it hangs there (the base
+held still) until that many seconds after the first command, as a humanoid is lowered from a gantry
+once its controller runs.
+
 Run it as its own process (`python -m q2real.deploy_ros.sim_robot ROBOT`), so that a crash of either
-side is a crash of a separate program, as on a real robot.
+side is a crash of a separate program, as on a real robot. With `--task` it plays the task's world
+(its objects around the robot), which needs q2real's simulator (and torch) in this process.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import threading
@@ -26,9 +38,13 @@ import numpy as np
 
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_values, stamp_now
-from q2real.deploy_ros.dds import Endpoints, use_loopback
+from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.hardware.spec import RobotSpec, actuator_for_joint, robot_spec
+from q2real.hardware.stance import standing_height
+
+GROUND_TRUTH_TOPIC = "/ground_truth/odom"
+WORLD_FRAME = "world"
 
 
 @dataclass
@@ -42,45 +58,206 @@ class SimRobotConfig:
     command_timeout: float = 0.1
     initial_qpos: dict[str, float] = field(default_factory=dict)
     """Joint name -> initial position; the others start at the spec's default pose (or 0)."""
+    task: str | None = None
+    """A registered task whose world (objects around the robot) to play; None: the robot alone."""
+    imu_rate: float = 200.0
+    """Hz of /imu/data (rounded to whole physics steps) for robots whose spec names an IMU."""
+    imu_noise: float = 0.0
+    """Std of white noise on the gyro (rad/s) and of a random tilt of the orientation (rad)."""
+    imu_bias: float = 0.0
+    """Bound of a constant gyro bias (rad/s) drawn once per run, uniform per axis."""
+    object_rate: float = 30.0
+    """Hz of /object_pose for a task with a tracked object (a camera tracker's rate)."""
+    gantry: float = 0.0
+    """Seconds a floating base is held still after the first command; 0: free from the start."""
+    seed: int = 0
+
+
+class SimWorld:
+    """The simulated robot and its world: physics and the messages its sensors would send, no DDS."""
+
+    def __init__(self, spec: RobotSpec, config: SimRobotConfig):
+        self.spec, self.config = spec, config
+        scene, self.tracked = None, None
+        if config.task is not None:
+            from q2real.sim.registry import TASKS  # only the sim robot plays a task's world
+
+            task = TASKS.get(config.task)
+            if task is None or task.robot != spec.name:
+                raise ValueError(f"task: '{config.task}' is not a registered task of robot '{spec.name}'")
+            scene, self.tracked = task.scene, task.tracked_object
+        self.model = spec.load_model(lambda s: _world(s, spec, scene))
+        self.data = mujoco.MjData(self.model)
+        model, data = self.model, self.data
+        one_dof = (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE)
+        joints = [j for j in range(model.njnt) if model.jnt_type[j] in one_dof]
+        self.names = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) for j in joints]
+        self.qpos_index = np.array([model.jnt_qposadr[j] for j in joints])
+        self.dof_index = np.array([model.jnt_dofadr[j] for j in joints])
+        self.actuated = np.array([actuator_for_joint(model, j) is not None for j in joints])
+        spec_ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in spec.joint_names]
+        self.actuators = np.array([actuator_for_joint(model, j) for j in spec_ids])
+        self.gear = model.actuator_gear[self.actuators, 0]
+        self.spec_qpos = [model.jnt_qposadr[j] for j in spec_ids]
+        data.qpos[self.spec_qpos] = spec.array("default_position")
+        for name, value in config.initial_qpos.items():
+            jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
+            if jid < 0:
+                raise ValueError(f"initial_qpos: '{name}' is not a joint of {spec.model_path}")
+            data.qpos[model.jnt_qposadr[jid]] = value
+        self.base = self._floating_base()
+        self.base_pose = None
+        if self.base is not None:
+            q = int(model.jnt_qposadr[self.base])
+            data.qpos[q : q + 7] = (0, 0, 0, 1, 0, 0, 0)
+            data.qpos[q + 2] = standing_height(model, data.qpos.copy(), q)
+            self.base_pose = data.qpos[q : q + 7].copy()
+        self.object_body = -1
+        if self.tracked is not None:
+            self.object_body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, self.tracked)
+        self.imu = _sensor_rows(model) if spec.imu is not None else None
+        rng = np.random.default_rng(config.seed)
+        self.rng = rng
+        self.gyro_bias = rng.uniform(-config.imu_bias, config.imu_bias, 3)
+        mujoco.mj_forward(model, data)
+
+    def _floating_base(self) -> int | None:
+        """The free joint of the robot's own root body, if it has one (a task object's does not count)."""
+        model = self.model
+        first = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, self.spec.joint_names[0])
+        root = model.body_rootid[model.jnt_bodyid[first]]
+        joint = model.body_jntadr[root]
+        return int(joint) if joint >= 0 and model.jnt_type[joint] == mujoco.mjtJoint.mjJNT_FREE else None
+
+    def hold_base(self) -> None:
+        """The gantry: the base back at its start pose, at rest."""
+        if self.base is not None and self.base_pose is not None:
+            q, v = int(self.model.jnt_qposadr[self.base]), int(self.model.jnt_dofadr[self.base])
+            self.data.qpos[q : q + 7] = self.base_pose
+            self.data.qvel[v : v + 6] = 0.0
+
+    # --- messages of the current state (after mj_forward or mj_step1) -----------------------------------
+    def joint_state(self, stamp) -> msg.JointState:
+        data = self.data
+        effort = np.where(self.actuated, data.qfrc_actuator[self.dof_index], np.nan)
+        return msg.JointState(
+            header=msg.Header(stamp=stamp, frame_id=""),
+            name=self.names,
+            position=data.qpos[self.qpos_index].tolist(),
+            velocity=data.qvel[self.dof_index].tolist(),
+            effort=effort.tolist(),
+        )
+
+    def imu_message(self, stamp) -> msg.Imu:
+        """What the IMU at the spec's site reads: its frame's orientation in the world and its gyro."""
+        assert self.imu is not None and self.spec.imu is not None, "the robot's spec names no IMU"
+        orientation, gyro, accel = (self.data.sensordata[rows] for rows in self.imu)
+        noise = self.config.imu_noise
+        gyro = gyro + self.gyro_bias
+        if noise > 0:
+            gyro = gyro + self.rng.normal(0.0, noise, 3)
+            tilt = np.zeros(4)
+            mujoco.mju_axisAngle2Quat(tilt, self.rng.normal(size=3), abs(self.rng.normal(0.0, noise)))
+            noisy = np.zeros(4)
+            mujoco.mju_mulQuat(noisy, orientation, tilt)
+            orientation = noisy
+        w, x, y, z = orientation
+        return msg.Imu(
+            header=msg.Header(stamp=stamp, frame_id=self.spec.imu.site),
+            orientation=msg.Quaternion(x=float(x), y=float(y), z=float(z), w=float(w)),
+            angular_velocity=msg.Vector3(*map(float, gyro)),
+            linear_acceleration=msg.Vector3(*map(float, accel)),
+        )
+
+    def object_message(self, stamp) -> msg.PoseStamped:
+        """The tracked object's pose in the world frame, as a tracker would report it."""
+        position, (w, x, y, z) = self.data.xpos[self.object_body], self.data.xquat[self.object_body]
+        return msg.PoseStamped(
+            header=msg.Header(stamp=stamp, frame_id=WORLD_FRAME),
+            pose=msg.Pose(msg.Point(*map(float, position)), msg.Quaternion(x=x, y=y, z=z, w=w)),
+        )
+
+    def ground_truth(self, stamp) -> msg.Odometry:
+        """The floating base's pose (world) and twist (base frame), straight from the simulator."""
+        assert self.base is not None, "only a floating base has a ground-truth odometry"
+        q, v = int(self.model.jnt_qposadr[self.base]), int(self.model.jnt_dofadr[self.base])
+        qpos, qvel = self.data.qpos, self.data.qvel
+        w, x, y, z = qpos[q + 3 : q + 7]
+        frame = np.zeros(9)
+        mujoco.mju_quat2Mat(frame, qpos[q + 3 : q + 7])
+        linear = frame.reshape(3, 3).T @ qvel[v : v + 3]  # MuJoCo's free-joint velocity is in the world frame
+        pose = msg.Pose(msg.Point(*map(float, qpos[q : q + 3])), msg.Quaternion(x=x, y=y, z=z, w=w))
+        twist = msg.Twist(msg.Vector3(*map(float, linear)), msg.Vector3(*map(float, qvel[v + 3 : v + 6])))
+        body = mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_BODY, int(self.model.jnt_bodyid[self.base]))
+        return msg.Odometry(
+            header=msg.Header(stamp=stamp, frame_id=WORLD_FRAME),
+            child_frame_id=body or "",
+            pose=msg.PoseWithCovariance(pose=pose),
+            twist=msg.TwistWithCovariance(twist=twist),
+        )
+
+
+IMU_SENSORS = ("imu_orientation", "imu_gyro", "imu_accelerometer")
+
+
+def _world(mjspec: mujoco.MjSpec, spec: RobotSpec, scene) -> None:
+    """The task's objects, then the IMU's sensors at the spec's site."""
+    if scene is not None:
+        scene(mjspec)
+    if spec.imu is not None:
+        kinds = (mujoco.mjtSensor.mjSENS_FRAMEQUAT, mujoco.mjtSensor.mjSENS_GYRO, mujoco.mjtSensor.mjSENS_ACCELEROMETER)
+        for name, kind in zip(IMU_SENSORS, kinds, strict=True):
+            mjspec.add_sensor(name=name, type=kind, objtype=mujoco.mjtObj.mjOBJ_SITE, objname=spec.imu.site)
+
+
+def _sensor_rows(model: mujoco.MjModel) -> tuple[slice, ...]:
+    rows = []
+    for name in IMU_SENSORS:
+        sensor = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SENSOR, name)
+        start = int(model.sensor_adr[sensor])
+        rows.append(slice(start, start + int(model.sensor_dim[sensor])))
+    return tuple(rows)
+
+
+def _every(rate: float, timestep: float) -> int:
+    """Physics steps between two messages of a stream at `rate` Hz (at least one)."""
+    return max(1, round(1.0 / (rate * timestep)))
 
 
 class SimRobot:
     def __init__(self, spec: RobotSpec, config: SimRobotConfig | None = None, domain: int | None = None):
         self.spec = spec
         self.config = config = config or SimRobotConfig()
-        self.model = spec.load_model()
+        self.world = world = SimWorld(spec, config)
+        self.model, self.data, self.names = world.model, world.data, world.names
         self.period = 1.0 / config.rate if config.rate else spec.control_period
-        substeps = max(1, round(self.period / self.model.opt.timestep))
-        self.model.opt.timestep = self.period / substeps
-        self.substeps = substeps
-        self.data = mujoco.MjData(self.model)
-        one_dof = (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE)
-        joints = [j for j in range(self.model.njnt) if self.model.jnt_type[j] in one_dof]
-        self.names = [mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_JOINT, j) for j in joints]
-        self.qpos_index = np.array([self.model.jnt_qposadr[j] for j in joints])
-        self.dof_index = np.array([self.model.jnt_dofadr[j] for j in joints])
-        self.actuated = np.array([actuator_for_joint(self.model, j) is not None for j in joints])
-        spec_ids = [mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in spec.joint_names]
-        self.actuators = np.array([actuator_for_joint(self.model, j) for j in spec_ids])
-        self.gear = self.model.actuator_gear[self.actuators, 0]
-        spec_qpos = [self.model.jnt_qposadr[j] for j in spec_ids]
-        self.data.qpos[spec_qpos] = spec.array("default_position")
-        for name, value in config.initial_qpos.items():
-            jid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, name)
-            if jid < 0:
-                raise ValueError(f"initial_qpos: '{name}' is not a joint of {spec.model_path}")
-            self.data.qpos[self.model.jnt_qposadr[jid]] = value
-        mujoco.mj_forward(self.model, self.data)
+        self.substeps = max(1, round(self.period / self.model.opt.timestep))
+        self.model.opt.timestep = self.period / self.substeps
         self.torque = spec.control_mode == "torque"
         if not self.torque:
-            self.data.ctrl[self.actuators] = self.data.qpos[spec_qpos]  # the drives hold the initial pose
+            self.data.ctrl[world.actuators] = self.data.qpos[world.spec_qpos]  # the drives hold the initial pose
         self._command: np.ndarray | None = None
         self._command_time = -np.inf
+        self._first_command = math.inf
         self.refused = 0
         self.dds = Endpoints(domain, node="sim_robot")
         topic = config.command_topic or NodeConfig(command_style=config.command_style).command_topic()
         command_type = msg.JointTrajectory if config.command_style == "trajectory" else msg.Float64MultiArray
-        self.writer = self.dds.writer(config.joint_states_topic, msg.JointState)
+        topics = NodeConfig().topics
+        dt = self.model.opt.timestep
+        # (physics steps between messages, writer, message of the current state) per stream.
+        self.streams = [(self.substeps, self.dds.writer(config.joint_states_topic, msg.JointState), world.joint_state)]
+        if world.base is not None:
+            writer = self.dds.writer(GROUND_TRUTH_TOPIC, msg.Odometry)
+            self.streams.append((self.substeps, writer, world.ground_truth))
+        if world.imu is not None:
+            writer = self.dds.writer(topics.imu, msg.Imu, SENSOR_QOS)
+            self.streams.append((_every(config.imu_rate, dt), writer, world.imu_message))
+        if world.object_body >= 0:
+            writer = self.dds.writer(topics.object_pose, msg.PoseStamped, SENSOR_QOS)
+            self.streams.append((_every(config.object_rate, dt), writer, world.object_message))
+        self.wake_every = math.gcd(*(every for every, _, _ in self.streams))
+        """Physics steps per wake-up: every stream's messages fall on one."""
         self.reader = self.dds.reader(topic, command_type, self._on_command)
         self.received = 0
 
@@ -90,42 +267,50 @@ class SimRobot:
             self.refused += 1  # a real drive rejects it too; the watchdog then stops the joint
             return
         self._command, self._command_time = values, time.monotonic()
+        self._first_command = min(self._first_command, self._command_time)
         self.received += 1
 
     def _apply(self, now: float) -> None:
+        actuators = self.world.actuators
         fresh = self._command is not None and now - self._command_time <= self.config.command_timeout
         if self.torque:
-            self.data.ctrl[self.actuators] = (self._command if fresh else 0.0) / self.gear
+            self.data.ctrl[actuators] = (self._command if fresh else 0.0) / self.world.gear
         elif fresh:
-            self.data.ctrl[self.actuators] = self._command
+            self.data.ctrl[actuators] = self._command
 
     def state_message(self) -> msg.JointState:
-        effort = np.where(self.actuated, self.data.qfrc_actuator[self.dof_index], np.nan)
-        return msg.JointState(
-            header=msg.Header(stamp=stamp_now(msg), frame_id=""),
-            name=self.names,
-            position=self.data.qpos[self.qpos_index].tolist(),
-            velocity=self.data.qvel[self.dof_index].tolist(),
-            effort=effort.tolist(),
-        )
+        return self.world.joint_state(stamp_now(msg))
 
     def run(self, stop: threading.Event, duration: float | None = None, parent: int | None = None) -> None:
-        """Publish, apply the newest command and step, once per period, in real time.
+        """Publish each stream when due, apply the newest command each period and step, in real time.
 
         With `parent` (a pid) it also stops once that process is gone: an orphan is reparented, so
         `os.getppid()` changes. Polled rather than PR_SET_PDEATHSIG, which is Linux-only and fires
         when the spawning thread exits, not the process (a node started from a worker thread).
         """
+        model, data, world = self.model, self.data, self.world
+        wake, step = self.wake_every, 0
+        dt = wake * model.opt.timestep
         start = next_at = time.monotonic()
         while not stop.is_set() and (duration is None or next_at - start < duration):
-            if parent is not None and os.getppid() != parent:
+            if parent is not None and step % self.substeps == 0 and os.getppid() != parent:
                 print(f"sim robot: parent process {parent} is gone, stopping", flush=True)
                 return
-            self.writer.write(self.state_message())
             now = time.monotonic()
-            self._apply(now)
-            mujoco.mj_step(self.model, self.data, nstep=self.substeps)
-            next_at += self.period
+            if now < self._first_command + self.config.gantry:
+                world.hold_base()
+            mujoco.mj_step1(model, data)  # sensors of the current state, before the controls act
+            stamp = stamp_now(msg)
+            for every, writer, message in self.streams:
+                if step % every == 0:
+                    writer.write(message(stamp))
+            if step % self.substeps == 0:
+                self._apply(now)
+            mujoco.mj_step2(model, data)
+            if wake > 1:
+                mujoco.mj_step(model, data, nstep=wake - 1)
+            step += wake
+            next_at += dt
             delay = next_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
@@ -142,12 +327,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--command-style", choices=("forward", "trajectory"), default="forward")
     parser.add_argument("--command-timeout", type=float, default=0.1)
     parser.add_argument("--initial", nargs="*", default=[], metavar="JOINT=VALUE", help="initial joint positions")
+    parser.add_argument("--task", default=None, help="play this task's world (its objects) around the robot")
+    parser.add_argument("--imu-rate", type=float, default=200.0, help="Hz of /imu/data")
+    parser.add_argument("--imu-noise", type=float, default=0.0, help="gyro noise std (rad/s), orientation tilt (rad)")
+    parser.add_argument("--imu-bias", type=float, default=0.0, help="bound of a constant gyro bias (rad/s)")
+    parser.add_argument("--object-rate", type=float, default=30.0, help="Hz of /object_pose")
+    parser.add_argument(
+        "--gantry", type=float, default=0.0, help="hold a floating base this long after the first command"
+    )
     parser.add_argument("--duration", type=float, default=None, help="seconds, default: until SIGINT/SIGTERM")
     parser.add_argument("--loopback", action="store_true", help="keep DDS on 127.0.0.1 (no network)")
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process dies (default: run standalone)"
     )
     args = parser.parse_args(argv)
+    for name in ("imu_rate", "object_rate"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')}: expected a rate > 0 Hz")
+    for name in ("imu_noise", "imu_bias", "gantry"):
+        if not getattr(args, name) >= 0:
+            parser.error(f"--{name.replace('_', '-')}: expected a value >= 0")
     if args.loopback:
         use_loopback()
     initial = {}
@@ -155,13 +354,25 @@ def main(argv: list[str] | None = None) -> None:
         name, _, value = item.partition("=")
         initial[name] = float(value)
     config = SimRobotConfig(
-        rate=args.rate, command_style=args.command_style, command_timeout=args.command_timeout, initial_qpos=initial
+        rate=args.rate,
+        command_style=args.command_style,
+        command_timeout=args.command_timeout,
+        initial_qpos=initial,
+        task=args.task,
+        imu_rate=args.imu_rate,
+        imu_noise=args.imu_noise,
+        imu_bias=args.imu_bias,
+        object_rate=args.object_rate,
+        gantry=args.gantry,
     )
     robot = SimRobot(robot_spec(args.robot), config)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"sim robot '{args.robot}': {len(robot.names)} joints {robot.names} at {1 / robot.period:g} Hz", flush=True)
+    streams = ", ".join(
+        f"{w.topic.get_name()[2:]} {1 / (every * robot.model.opt.timestep):g} Hz" for every, w, _ in robot.streams
+    )
+    print(f"sim robot '{args.robot}': {len(robot.names)} joints {robot.names}; publishes {streams}", flush=True)
     try:
         robot.run(stop, args.duration, args.parent_pid)
     finally:

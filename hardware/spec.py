@@ -176,6 +176,7 @@ def apply_to_model(spec: RobotSpec, model: mujoco.MjModel) -> None:
                 f"{spec.source}: imu.site: '{spec.imu.site}' is not on the floating base (the body with the free joint)"
             )
         model.site_quat[site] = spec.imu.rotation
+        model.site_sameframe[site] = 0  # the compiler's shortcut for a site in its body's frame no longer holds
 
 
 def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = False, finite: bool = False) -> float:

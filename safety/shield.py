@@ -261,9 +261,15 @@ class Shield:
             self.mode = mode
             self._pending_reason = reason
 
-    def _fall_back(self, reason: str) -> None:
+    def fall_back(self, reason: str, mode: Mode | None = None) -> None:
+        """RUN or RAMP -> HOLD or DAMP: `mode`, or the configured fallback. An input the shield does not
+        see (a faulty IMU on a legged robot) asks for DAMP here, whatever the fallback for joint faults."""
+        if mode is None:
+            mode = Mode.HOLD if self.config.fallback == "hold" else Mode.DAMP
+        if mode not in (Mode.HOLD, Mode.DAMP):
+            raise ValueError(f"fall_back: expected HOLD or DAMP, got {mode.name}")
         if self.mode in (Mode.RUN, Mode.RAMP):
-            self._set_mode(Mode.HOLD if self.config.fallback == "hold" else Mode.DAMP, reason)
+            self._set_mode(mode, reason)
 
     # --- one tick --------------------------------------------------------------------------------
     def _read_state(self, names: Sequence[str], position, velocity, stamp: float, now: float) -> int:
@@ -317,7 +323,7 @@ class Shield:
         if action is None or (policy_time is not None and not policy_time <= self.deadline):
             self._misses += 1
             if self._misses >= self.config.max_deadline_misses:
-                self._fall_back(f"{self._misses} consecutive policy deadline misses")
+                self.fall_back(f"{self._misses} consecutive policy deadline misses")
             return None, R.DEADLINE_MISS
         self._misses = 0
         try:
@@ -332,7 +338,7 @@ class Shield:
         if flag:
             self._bad += 1
             if self._bad >= self.config.max_bad_actions:
-                self._fall_back(f"{self._bad} consecutive unusable policy outputs ({Rule(flag).name})")
+                self.fall_back(f"{self._bad} consecutive unusable policy outputs ({Rule(flag).name})")
             return None, flag
         self._bad = 0
         return action, 0
@@ -354,7 +360,7 @@ class Shield:
         # A clock that jumps backwards past the last valid state makes it as untrustworthy as an old one.
         if self._last_valid is None or not (-age <= now - self._last_valid <= age):
             flags |= R.STATE_STALE
-            self._fall_back("no valid, fresh joint state within max_state_age")
+            self.fall_back("no valid, fresh joint state within max_state_age")
         target = self._previous.copy()
         effort = np.zeros(len(self.names))
         if self.mode == Mode.RUN:

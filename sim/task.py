@@ -37,6 +37,8 @@ class Task(ABC):
     command_dim: int = 0
     """Size of the per-episode command (a target, a velocity) the policy is asked to follow; on a
     robot it arrives on the node's command input."""
+    tracked_object: str | None = None
+    """The body (with a free joint) whose pose a tracker reports on a robot (`object_pose`)."""
 
     @classmethod
     def scene(cls, mjspec: mujoco.MjSpec) -> None:

@@ -2,8 +2,10 @@
 
 The arm has no gripper here: a 2 cm sphere on the hand is the pusher. The target (x, y on the floor,
 base frame) is the task's command. Observation terms: `joint_position` (7), `joint_velocity` (7),
-`end_effector` (3, the pusher's position), `cube_position` (3), `target` (2). The cube position needs
-a tracker on a real robot, so this task declares no robot-side observation sources.
+`end_effector` (3, the pusher's position), `cube_position` (3), `target` (2). On a robot the pusher's
+position comes from forward kinematics of the arm's model, the cube's from a tracker publishing
+`object_pose` in the robot's base frame (`world` here: the arm stands at the origin) and the target
+from the command input.
 Reward in [0, 1] per step: (reach + 4 push) / 5 with reach = 1 - tanh(|pusher - cube| / scale) and
 push = 1 - tanh(|cube_xy - target| / scale). No terminal states.
 Reset: home pose plus joint noise, cube uniform in a box in front of the robot, target uniform in a
@@ -41,6 +43,7 @@ class ArmPush(Task):
     Config = ArmPushConfig
     config: ArmPushConfig
     command_dim = 2
+    tracked_object = "cube"
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmPushConfig, device: torch.device):
         super().__init__(spec, model, config, device)
@@ -97,6 +100,23 @@ class ArmPush(Task):
             "end_effector": physics.sensordata[:, self._ee],
             "cube_position": self.cube_position(physics),
             "target": self.command,
+        }
+
+    def observation_sources(self) -> dict[str, dict]:
+        joints = self.spec.joint_names
+        pusher = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, "pusher")
+        body = mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_BODY, int(self.model.site_bodyid[pusher]))
+        return {
+            "joint_position": {"kind": "joint_position", "joints": joints},
+            "joint_velocity": {"kind": "joint_velocity", "joints": joints},
+            "end_effector": {
+                "kind": "body_point",
+                "joints": joints,
+                "body": body,
+                "offset": self.model.site_pos[pusher].tolist(),
+            },
+            "cube_position": {"kind": "object_position", "frame_id": "world"},
+            "target": {"kind": "command"},
         }
 
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:

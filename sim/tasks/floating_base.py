@@ -10,11 +10,11 @@ import math
 from dataclasses import dataclass
 
 import mujoco
-import numpy as np
 import torch
 
 from q2real.hardware import RobotSpec
 from q2real.hardware.spec import SpecError
+from q2real.hardware.stance import standing_height
 from q2real.sim.physics import PhysicsState
 from q2real.sim.task import Task, TaskConfig
 
@@ -24,29 +24,6 @@ def quat_rotate_inverse(quat: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
     w, xyz = quat[:, :1], quat[:, 1:]
     t = 2 * torch.cross(xyz, vec, dim=-1)
     return vec - w * t + torch.cross(xyz, t, dim=-1)
-
-
-def standing_height(model: mujoco.MjModel, qpos: np.ndarray, free_qpos: int) -> float:
-    """Height of the root body at which the lowest collision geom of pose `qpos` just touches z = 0."""
-    data = mujoco.MjData(model)
-    data.qpos[:] = qpos
-    data.qpos[free_qpos : free_qpos + 3] = 0.0
-    mujoco.mj_kinematics(model, data)
-    lowest = math.inf
-    for g in range(model.ngeom):
-        if model.geom_bodyid[g] == 0 or not (model.geom_contype[g] or model.geom_conaffinity[g]):
-            continue
-        kind, size, z_axis = model.geom_type[g], model.geom_size[g], data.geom_xmat[g].reshape(3, 3)[2]
-        if kind == mujoco.mjtGeom.mjGEOM_SPHERE:
-            extent = size[0]
-        elif kind == mujoco.mjtGeom.mjGEOM_CAPSULE:
-            extent = abs(z_axis[2]) * size[1] + size[0]
-        elif kind == mujoco.mjtGeom.mjGEOM_BOX:
-            extent = float(np.abs(z_axis) @ size)
-        else:
-            extent = model.geom_rbound[g]
-        lowest = min(lowest, data.geom_xpos[g, 2] - extent)
-    return -lowest + 1e-3
 
 
 @dataclass
@@ -113,6 +90,21 @@ class FloatingBaseTask(Task):
 
     def joint_offsets(self, physics: PhysicsState) -> torch.Tensor:
         return physics.qpos[:, self.qpos_index] - self.default_pose
+
+    def base_sources(self) -> dict[str, dict]:
+        """Robot-side sources of the terms every floating-base task observes: the base IMU's gravity and
+        gyro (in the base frame through the spec's IMU mounting) and the joints around the default pose."""
+        joints = self.spec.joint_names
+        return {
+            "base_angular_velocity": {"kind": "base_angular_velocity"},
+            "projected_gravity": {"kind": "projected_gravity"},
+            "joint_position": {
+                "kind": "joint_position",
+                "joints": joints,
+                "offset": self.spec.array("default_position").tolist(),
+            },
+            "joint_velocity": {"kind": "joint_velocity", "joints": joints},
+        }
 
     def terminated(self, physics: PhysicsState) -> torch.Tensor:
         fallen = self.base_height(physics) < self.config.fall_height * self.height

@@ -43,6 +43,9 @@ class GR1Stand(FloatingBaseTask):
             "joint_velocity": physics.qvel[:, self.qvel_index],
         }
 
+    def observation_sources(self) -> dict[str, dict]:
+        return self.base_sources()
+
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         c = self.config
         tilt = torch.acos((-self.projected_gravity(physics)[:, 2]).clamp(-1.0, 1.0))

@@ -1,9 +1,12 @@
 """Spot joystick: follow a commanded planar velocity on flat ground (PD position control, 50 Hz).
 
 Command (per episode): forward and lateral speed (m/s) and yaw rate (rad/s) in the base frame,
-uniform in the configured ranges. Observation terms: `base_linear_velocity` and
+uniform in the configured ranges; on the robot it is `cmd_vel`. Observation terms:
 `base_angular_velocity` (base frame), `projected_gravity` (unit gravity in the base frame),
-`command` (3), `joint_position` (12, offset from the default stance) and `joint_velocity` (12).
+`command` (3), `joint_position` (12, offset from the default stance) and `joint_velocity` (12): what
+the robot's IMU and encoders give. The base's linear velocity is not observed, as in most legged
+sim-to-real policies: a robot has it only from a state estimator whose drift the policy never met in
+training; the reward still uses the simulator's true velocity.
 Reward per step (MuJoCo Playground's joystick terms without the gait shaping):
 exp(-|v_xy - cmd_xy|^2 / sigma) + 0.5 exp(-(w_z - cmd_wz)^2 / sigma) - 2 v_z^2 - 0.05 |w_xy|^2
 - 1 |g_xy|^2 (tilt), where g is the projected gravity.
@@ -44,13 +47,18 @@ class SpotJoystick(FloatingBaseTask):
 
     def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
         return {
-            "base_linear_velocity": self.base_linear_velocity(physics),
             "base_angular_velocity": self.base_angular_velocity(physics),
             "projected_gravity": self.projected_gravity(physics),
             "command": self.command,
             "joint_position": self.joint_offsets(physics),
             "joint_velocity": physics.qvel[:, self.qvel_index],
         }
+
+    def observation_sources(self) -> dict[str, dict]:
+        c = self.config
+        ranges = [list(c.forward_speed), list(c.lateral_speed), list(c.yaw_rate)]
+        sources = self.base_sources()
+        return sources | {"command": {"kind": "velocity_command", "ranges": ranges}}
 
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         v, w, g = (

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import mujoco
 import numpy as np
 import pytest
 import torch
+import yaml
 
+from q2real.deploy_ros import messages as msg
+from q2real.deploy_ros.inputs import Inputs, imu_in_base, rotation_matrix
 from q2real.deploy_ros.observation import ObservationBuilder
 from q2real.deploy_ros.schema import BundleError
+from q2real.deploy_ros.settings import InputsConfig, TopicConfig
+from q2real.deploy_ros.sim_robot import SimRobotConfig, SimWorld
+from q2real.hardware import RobotSpec, load_spec
+from q2real.hardware.spec import HARDWARE_DIR
 from q2real.sim import make
 from q2real.sim.physics import PhysicsState
 from q2real.sim.registry import TASKS, task_names
@@ -24,33 +32,91 @@ def _metadata(env) -> dict:
     return {"observation": {"dim": env.obs_dim, "terms": terms}, "action": {"dim": env.action_dim}}
 
 
-# Their observations need a base IMU or an object tracker, which the joint-state node does not read.
-NOT_DEPLOYABLE = {"panda_push", "spot_joystick", "gr1_stand"}
-
-
-def test_only_the_listed_tasks_lack_robot_side_sources() -> None:
+def test_every_registered_task_says_where_its_observation_comes_from_on_a_robot() -> None:
     lacking = {t for t in task_names() if TASKS[t].observation_sources is Task.observation_sources}
-    assert lacking == NOT_DEPLOYABLE
+    assert lacking == set()
 
 
-@pytest.mark.parametrize("task", sorted(set(task_names()) - NOT_DEPLOYABLE))
-def test_builder_reproduces_the_task_observation(task: str) -> None:
+def _random_states(model: mujoco.MjModel, rows: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Joint angles over +-2 pi, velocities of a few rad/s, and free joints at random poses (unit quaternions)."""
+    qpos = (torch.rand(rows, model.nq, generator=gen, dtype=torch.float64) * 2 - 1) * 2 * math.pi
+    qvel = torch.randn(rows, model.nv, generator=gen, dtype=torch.float64) * 3
+    for j in range(model.njnt):
+        if model.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE:
+            q = int(model.jnt_qposadr[j])
+            qpos[:, q : q + 3] = torch.randn(rows, 3, generator=gen, dtype=torch.float64)
+            quat = torch.randn(rows, 4, generator=gen, dtype=torch.float64)
+            qpos[:, q + 3 : q + 7] = quat / quat.norm(dim=-1, keepdim=True)
+    return qpos, qvel
+
+
+def _rotated_imu(tmp_path: Path, robot: str) -> RobotSpec:
+    data = yaml.safe_load((HARDWARE_DIR / robot / "robot.yaml").read_text())
+    data["model"] = str(HARDWARE_DIR / robot / "model.xml")
+    data["imu"]["rotation"] = [0.5, 0.5, -0.5, 0.5]  # a 120-degree turn about (1, -1, 1)
+    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(data))
+    return load_spec(tmp_path / "robot.yaml")
+
+
+@pytest.mark.parametrize(
+    ("task", "mounting"),
+    [(t, "shipped") for t in task_names()] + [("spot_joystick", "rotated"), ("gr1_stand", "rotated")],
+)
+def test_builder_reproduces_the_task_observation_from_the_robots_messages(task: str, mounting: str, tmp_path) -> None:
+    """Sim states -> the messages the sim robot publishes (joint states; IMU from MuJoCo's sensors at
+    the spec's site, mounted as the spec says; the object tracker's pose; a Twist) -> the node's inputs
+    and builder -> the task's own observation."""
     env = make(task=task, num_envs=1, device="cpu")
     assert env.obs_sources is not None, f"{task} does not say where its observation terms come from"
-    builder = ObservationBuilder(_metadata(env), task)
-    model = env.task.model
+    spec = _rotated_imu(tmp_path, env.task.robot) if mounting == "rotated" else env.task.spec
+    world = SimWorld(spec, SimRobotConfig(task=task))
+    builder = ObservationBuilder(_metadata(env), task, spec.load_model)
+    inputs = Inputs(builder, InputsConfig(), spec.imu, TopicConfig(), task)
+    model, data = env.task.model, mujoco.MjData(env.task.model)
     gen = torch.Generator().manual_seed(0)
-    qpos = (torch.rand(64, model.nq, generator=gen) * 2 - 1) * 2 * math.pi
-    qvel = torch.randn(64, model.nv, generator=gen) * 5
-    env.task.command = torch.randn(64, env.task.command_dim, generator=gen)
-    expected = env.task.observe(PhysicsState(qpos, qvel, torch.zeros(64, model.nsensordata)))
-    joints = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in builder.joints]
-    for row in range(64):
-        position = qpos[row, [model.jnt_qposadr[j] for j in joints]].double().numpy()
-        velocity = qvel[row, [model.jnt_dofadr[j] for j in joints]].double().numpy()
-        got = builder(position, velocity, np.zeros(env.action_dim), env.task.command[row].double().numpy())
+    rows = 32
+    qpos, qvel = _random_states(model, rows, gen)
+    env.task.command = env.task.sample_command(rows, gen)
+    sensors = torch.zeros(rows, model.nsensordata, dtype=torch.float64)
+    for row in range(rows):
+        data.qpos[:], data.qvel[:] = qpos[row].numpy(), qvel[row].numpy()
+        mujoco.mj_forward(model, data)
+        sensors[row] = torch.from_numpy(data.sensordata.copy())
+    expected = env.task.observe(PhysicsState(qpos.float(), qvel.float(), sensors.float()))
+    joints = [mujoco.mj_name2id(world.model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in builder.joints]
+    for row in range(rows):
+        world.data.qpos[:], world.data.qvel[:] = qpos[row].numpy(), qvel[row].numpy()
+        mujoco.mj_forward(world.model, world.data)
+        state = world.joint_state(msg.Time())
+        by_name = {n: (p, v) for n, p, v in zip(state.name, state.position, state.velocity, strict=True)}
+        position = np.array([by_name[mujoco.mj_id2name(world.model, mujoco.mjtObj.mjOBJ_JOINT, j)][0] for j in joints])
+        velocity = np.array([by_name[mujoco.mj_id2name(world.model, mujoco.mjtObj.mjOBJ_JOINT, j)][1] for j in joints])
+        command = env.task.command[row].double().numpy()
+        if "imu" in builder.streams:
+            assert inputs.on_imu(world.imu_message(msg.Time()), 0.0) is None
+        if "object_pose" in builder.streams:
+            assert inputs.on_object_pose(world.object_message(msg.Time()), 0.0) is None
+        if "velocity_command" in builder.streams:
+            twist = msg.Twist(msg.Vector3(command[0], command[1], 0.0), msg.Vector3(0.0, 0.0, command[2]))
+            assert inputs.on_velocity_command(twist, 0.0) is None
+        values = {"last_action": np.zeros(env.action_dim), "command": command} | inputs.values(0.0)
+        got = builder(position, velocity, values)
         np.testing.assert_allclose(got[0], expected[row].numpy(), rtol=1e-5, atol=1e-5)
     env.close()
+
+
+def test_imu_mounting_round_trips_through_the_base_frame() -> None:
+    """A base orientation and spin, seen by an IMU mounted at random rotations, come back in the base frame."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        base, mount = (q / np.linalg.norm(q) for q in rng.normal(size=(2, 4)))
+        omega_base = rng.normal(size=3) * 3
+        imu = np.zeros(4)
+        mujoco.mju_mulQuat(imu, base, mount)  # world <- base <- IMU
+        r_bi = rotation_matrix(*mount)
+        gravity, omega = imu_in_base((*imu[1:], imu[0]), r_bi.T @ omega_base, r_bi)
+        np.testing.assert_allclose(gravity, rotation_matrix(*base).T @ [0, 0, -1], atol=1e-12)
+        np.testing.assert_allclose(omega, omega_base, atol=1e-12)
 
 
 def test_last_action_and_command_terms_fill_from_their_inputs() -> None:
@@ -68,10 +134,11 @@ def test_last_action_and_command_terms_fill_from_their_inputs() -> None:
     }
     builder = ObservationBuilder(meta, "bundle.onnx")
     assert builder.command_dim == 3
-    got = builder(np.array([0.5]), np.array([0.0]), np.array([0.1, -0.2]), np.array([1.0, 2.0, 3.0]))
+    inputs = {"last_action": np.array([0.1, -0.2]), "command": np.array([1.0, 2.0, 3.0])}
+    got = builder(np.array([0.5]), np.array([0.0]), inputs)
     np.testing.assert_allclose(got[0], [0.5, 1.0, 2.0, 0.1, -0.2, 3.0], rtol=1e-6)
-    with pytest.raises(ValueError, match="needs a task command"):
-        builder(np.array([0.5]), np.array([0.0]), np.zeros(2))
+    with pytest.raises(ValueError, match="needs a 'command' input"):
+        builder(np.array([0.5]), np.array([0.0]), {"last_action": np.zeros(2)})
 
 
 @pytest.mark.parametrize(
