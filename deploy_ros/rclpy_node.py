@@ -24,13 +24,13 @@ from types import SimpleNamespace
 import rclpy
 from builtin_interfaces.msg import Duration, Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from geometry_msgs.msg import PoseStamped, Twist
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import try_shutdown
-from geometry_msgs.msg import PoseStamped, Twist
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Bool, Empty, Float64MultiArray, Header, MultiArrayDimension, MultiArrayLayout
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
