@@ -53,6 +53,18 @@ def panda_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def spot_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A legged robot's policy: base IMU, cmd_vel and joints around the default stance."""
+    return export_fresh_agent("spot_joystick", tmp_path_factory.mktemp("bundles") / "spot.onnx")
+
+
+@pytest.fixture(scope="session")
+def push_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An arm policy that observes a tracked object and its pusher by forward kinematics."""
+    return export_fresh_agent("panda_push", tmp_path_factory.mktemp("bundles") / "push.onnx")
+
+
+@pytest.fixture(scope="session")
 def trained_bundle(pendulum_run: Path) -> Path:
     """The committed trained run's bundle: it swings the pendulum up."""
     return pendulum_run / "policy.onnx"
