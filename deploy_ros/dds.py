@@ -196,9 +196,10 @@ class DdsNode:
             self._robot_seen.set()
         self.node.on_joint_state(m.name, m.position, m.velocity, m.effort)
 
-    def wait_for_robot(self) -> None:
-        """Block until the robot's first joint state; refuse a robot whose joints differ from the bundle's."""
-        timeout = self.node.config.startup_timeout
+    def wait_for_robot(self, timeout: float | None = None) -> None:
+        """Block until the robot's first joint state (`timeout`, default `startup_timeout`); refuse a
+        robot whose joints differ from the bundle's."""
+        timeout = self.node.config.startup_timeout if timeout is None else timeout
         if not self._robot_seen.wait(timeout):
             raise RobotTimeout(
                 f"no joint state on {dds_topic(self.node.config.topics.joint_states)} within {timeout} s "

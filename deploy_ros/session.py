@@ -26,6 +26,10 @@ from q2real.deploy_ros.dds import DdsNode, use_loopback
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
 
+SIM_STARTUP = 30.0
+"""Seconds to wait for the sim robot's first joint state: its process imports MuJoCo (and, for a task's
+world, the simulator and torch) and compiles the model first, which no real robot's latency includes."""
+
 
 @dataclass
 class Summary:
@@ -42,16 +46,28 @@ class Summary:
     """The real-time settings that were applied."""
 
 
-def start_sim_robot(robot: str, config: NodeConfig, rate: float | None = None, extra: list[str] | None = None):
+def start_sim_robot(
+    robot: str,
+    config: NodeConfig,
+    rate: float | None = None,
+    extra: list[str] | None = None,
+    task: str | None = None,
+):
     """The sim robot as a child process on loopback DDS; returns the Popen.
 
-    The child watches this process (`--parent-pid`) and exits when it dies, even by SIGKILL, so
-    that no robot is left publishing joint states on the wire with nobody commanding it.
+    A floating base hangs on the gantry until the ramp has had its time after the node's first
+    command (so a humanoid does not fall before the policy takes over); `task` makes it play that
+    task's world (the tracked object). The child watches this process (`--parent-pid`) and exits
+    when it dies, even by SIGKILL, so that no robot is left publishing joint states on the wire with
+    nobody commanding it.
     """
     command = [sys.executable, "-m", "q2real.deploy_ros.sim_robot", robot, "--loopback"]
     command += ["--command-style", config.command_style, "--parent-pid", str(os.getpid())]
+    command += ["--gantry", str(config.shield.ramp_time)]
     if rate is not None:
         command += ["--rate", str(rate)]
+    if task is not None:
+        command += ["--task", task]
     use_loopback()  # the child inherits the environment, so both ends use the same DDS settings
     return subprocess.Popen(command + (extra or []))
 
@@ -92,11 +108,13 @@ def deploy(
     applied: list[str] = []
     try:
         if sim:
-            robot = start_sim_robot(node.spec.name, config, rate=sim_rate or 1.0 / node.period)
+            # The robot alone, unless the policy observes an object of its task's world.
+            task = node.bundle.info.metadata.get("task") if "object_pose" in node.inputs.streams else None
+            robot = start_sim_robot(node.spec.name, config, rate=sim_rate or 1.0 / node.period, task=task)
         applied = realtime.apply(config.realtime)
         if applied:
             print(f"real-time settings: {', '.join(applied)}", flush=True)
-        _serve(node, config, stop, duration, status_every, operator_start)
+        _serve(node, config, stop, duration, status_every, operator_start, SIM_STARTUP if sim else None)
     finally:
         sys.setswitchinterval(switch_interval)
         # Every exit, start-up failures included (bad topic, bag path, no robot), stops the child.
@@ -125,8 +143,10 @@ def _serve(
     duration: float | None,
     status_every: float | None,
     operator_start: bool,
+    startup: float | None = None,
 ) -> None:
-    """The node on DDS until `stop`; it always ends with a last safe command and a closed bag."""
+    """The node on DDS until `stop`; it always ends with a last safe command and a closed bag.
+    `startup`: seconds to wait for the first joint state, if not `startup_timeout`."""
     transport = DdsNode(node)
     recorder = None
     try:
@@ -136,7 +156,7 @@ def _serve(
             metadata = node.bundle.info.metadata
             recorder = Recorder(config.record, transport.command_topic, transport.command_type, metadata)
             transport.recorder = recorder
-        transport.wait_for_robot()
+        transport.wait_for_robot(startup)
         if duration is not None:
             timer = threading.Timer(duration, stop.set)
             timer.daemon = True
