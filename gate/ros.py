@@ -1,15 +1,19 @@
 """The transfer gate's ROS 2 row: the bundle through the deploy node against the sim-in-the-loop robot.
 
 `q2real deploy --sim` runs as it would for a user (node in this process, robot in its own, loopback
-DDS). A third participant records the joint states and commands on the wire and, for tasks with a
-command, publishes one on the node's command input. The return is the task's own reward evaluated
-on the recorded joint states (sensors recomputed from them by forward kinematics) over one episode
-from the moment the node reports RUN. The robot starts at its default pose, not from the task's
-reset distribution, and runs in real time, so this row takes one episode of wall-clock time.
+DDS). A third participant records the joint states and commands on the wire, the sim robot's
+ground truth of a floating base and the tracked object's pose, and, for tasks with a command,
+publishes one: a Twist on `cmd_vel` for velocity commands, otherwise on the node's command input.
+The return is the task's own reward evaluated on the recorded states (sensors recomputed from them by
+forward kinematics) over one episode from the moment the node reports RUN, ending early where the
+task terminates (a fall), as the simulated rows do. The robot starts at its default pose (a
+floating base on the sim robot's gantry until the ramp is done), not from the task's reset
+distribution, and runs in real time, so this row takes one episode of wall-clock time.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import threading
@@ -25,6 +29,7 @@ from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NODE_NAME, NodeConfig
+from q2real.deploy_ros.sim_robot import GROUND_TRUTH_TOPIC
 from q2real.gate.transfer import GateError
 from q2real.hardware.action import action_from_command
 from q2real.sim.physics import PhysicsState
@@ -32,17 +37,36 @@ from q2real.sim.registry import make_task
 
 
 class _Wire:
-    """Joint states, commands and mode changes as they pass, with their arrival times."""
+    """Joint states, commands, base and object poses and mode changes as they pass, with arrival times."""
 
-    def __init__(self, endpoints: Endpoints, command_topic: str):
+    def __init__(self, endpoints: Endpoints, config: NodeConfig):
         self.states: list[tuple[float, list[str], list[float], list[float]]] = []
         self.commands: list[tuple[float, np.ndarray]] = []
+        self.bases: list[tuple[float, np.ndarray, np.ndarray]] = []
+        """(arrival, base qpos (7), base qvel (6) in MuJoCo's convention) from the ground truth."""
+        self.objects: list[tuple[float, np.ndarray]] = []
+        """(arrival, object qpos (7)) from the tracker's pose."""
         self.run_since: float | None = None
         self.readers = [
             endpoints.reader("/joint_states", msg.JointState, self._state, SENSOR_QOS),
-            endpoints.reader(command_topic, msg.Float64MultiArray, self._command),
+            endpoints.reader(config.command_topic(), msg.Float64MultiArray, self._command),
             endpoints.reader("/diagnostics", msg.DiagnosticArray, self._diagnostics),
+            endpoints.reader(GROUND_TRUTH_TOPIC, msg.Odometry, self._base, SENSOR_QOS),
+            endpoints.reader(config.topics.object_pose, msg.PoseStamped, self._object, SENSOR_QOS),
         ]
+
+    def _base(self, m) -> None:
+        p, o = m.pose.pose.position, m.pose.pose.orientation
+        qpos = np.array([p.x, p.y, p.z, o.w, o.x, o.y, o.z])
+        frame = np.zeros(9)
+        mujoco.mju_quat2Mat(frame, qpos[3:])
+        v, w = m.twist.twist.linear, m.twist.twist.angular
+        linear = frame.reshape(3, 3) @ [v.x, v.y, v.z]  # the twist is in the base frame, MuJoCo's in the world
+        self.bases.append((time.monotonic(), qpos, np.array([*linear, w.x, w.y, w.z])))
+
+    def _object(self, m) -> None:
+        p, o = m.pose.position, m.pose.orientation
+        self.objects.append((time.monotonic(), np.array([p.x, p.y, p.z, o.w, o.x, o.y, o.z])))
 
     def _state(self, m) -> None:
         self.states.append((time.monotonic(), list(m.name), list(m.position), list(m.velocity)))
@@ -65,13 +89,12 @@ def ros_return(bundle: str | Path, config: TrainConfig, progress=print) -> float
     episode = task.config.episode_length
     use_loopback()
     endpoints = Endpoints(node="q2real_transfer")
-    wire = _Wire(endpoints, node_config.command_topic())
+    wire = _Wire(endpoints, node_config)
     task.command = task.sample_command(1, torch.Generator().manual_seed(0))
     stop = threading.Event()
     publisher = None
     if task.command_dim:
-        writer = endpoints.writer(f"/{NODE_NAME}/command", msg.Float64MultiArray)
-        value = msg.Float64MultiArray(layout=msg.MultiArrayLayout(dim=[], data_offset=0), data=task.command[0].tolist())
+        writer, value = _command_message(endpoints, task, node_config)
 
         def publish() -> None:
             while not stop.wait(0.1):
@@ -98,6 +121,21 @@ def ros_return(bundle: str | Path, config: TrainConfig, progress=print) -> float
     return _episode_return(task, model, wire, episode)
 
 
+def _command_message(endpoints: Endpoints, task, config: NodeConfig):
+    """(writer, message) of the task's command: a Twist on `cmd_vel` for a velocity command (a joystick
+    or a planner on a robot), the plain vector on the node's command input otherwise."""
+    kinds = {source["kind"] for source in (task.observation_sources() or {}).values()}
+    values = task.command[0].tolist()
+    if "velocity_command" in kinds:
+        vx, vy, wz = values
+        return endpoints.writer(config.topics.cmd_vel, msg.Twist), msg.Twist(
+            msg.Vector3(vx, vy, 0.0), msg.Vector3(0.0, 0.0, wz)
+        )
+    layout = msg.MultiArrayLayout(dim=[], data_offset=0)
+    writer = endpoints.writer(f"/{NODE_NAME}/command", msg.Float64MultiArray)
+    return writer, msg.Float64MultiArray(layout=layout, data=values)
+
+
 def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> float:
     data = mujoco.MjData(model)
     run_since = wire.run_since if wire.run_since is not None else math.inf
@@ -105,16 +143,26 @@ def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> f
     if len(states) < episode:
         raise GateError(f"ROS 2 row: recorded {len(states)} joint states after RUN, fewer than one episode ({episode})")
     scale, offset = task.command_scale.numpy(), task.command_offset.numpy()
-    commands = wire.commands
-    total, c = 0.0, 0
+    free = [j for j in range(model.njnt) if model.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE]
+    tracked = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, task.tracked_object) if task.tracked_object else -1
+    base = next((j for j in free if model.jnt_bodyid[j] != tracked), None)
+    obj = next((j for j in free if model.jnt_bodyid[j] == tracked), None)
+    for name, stream, needed in (("ground truth", wire.bases, base), ("object pose", wire.objects, obj)):
+        if needed is not None and not stream:
+            raise GateError(f"ROS 2 row: the sim robot published no {name}; the reward needs it")
+    total = 0.0
     for stamp, names, position, velocity in states:
         for name, q, qd in zip(names, position, velocity, strict=True):
             joint = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
             data.qpos[model.jnt_qposadr[joint]], data.qvel[model.jnt_dofadr[joint]] = q, qd
+        if base is not None:
+            _, qpos, qvel = _latest(wire.bases, stamp)
+            q, v = model.jnt_qposadr[base], model.jnt_dofadr[base]
+            data.qpos[q : q + 7], data.qvel[v : v + 6] = qpos, qvel
+        if obj is not None:
+            data.qpos[model.jnt_qposadr[obj] : model.jnt_qposadr[obj] + 7] = _latest(wire.objects, stamp)[1]
         mujoco.mj_forward(model, data)
-        while c + 1 < len(commands) and commands[c + 1][0] <= stamp:
-            c += 1
-        command = commands[c][1] if commands and commands[c][0] <= stamp else offset
+        command = _latest(wire.commands, stamp, (stamp, offset))[1]
         action = torch.from_numpy(action_from_command(command, scale, offset)).float()[None]
         physics = PhysicsState(
             torch.from_numpy(data.qpos.copy()).float()[None],
@@ -122,4 +170,14 @@ def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> f
             torch.from_numpy(data.sensordata.copy()).float()[None],
         )
         total += float(task.reward(physics, action)[0])
+        if bool(task.terminated(physics)[0]):
+            break
     return total
+
+
+def _latest(stream: list, stamp: float, before_any=None):
+    """The newest entry of a time-ordered stream that arrived by `stamp` (the first one if none did)."""
+    i = bisect.bisect_right(stream, stamp, key=lambda entry: entry[0]) - 1
+    if i < 0:
+        return before_any if before_any is not None else stream[0]
+    return stream[i]
