@@ -64,6 +64,10 @@ INTEROP = (
 _domains: dict[int, Domain] = {}
 
 
+ROBOT_STARTUP = 5.0
+"""Seconds a robot has to send its first joint state when `startup_timeout` is not set."""
+
+
 class RobotTimeout(Q2RealError, TimeoutError):
     """The robot sent no joint state within `startup_timeout`: nothing is running or the network is wrong."""
 
@@ -196,10 +200,10 @@ class DdsNode:
             self._robot_seen.set()
         self.node.on_joint_state(m.name, m.position, m.velocity, m.effort)
 
-    def wait_for_robot(self, timeout: float | None = None) -> None:
-        """Block until the robot's first joint state (`timeout`, default `startup_timeout`); refuse a
-        robot whose joints differ from the bundle's."""
-        timeout = self.node.config.startup_timeout if timeout is None else timeout
+    def wait_for_robot(self, default_timeout: float = ROBOT_STARTUP) -> None:
+        """Block until the robot's first joint state (`startup_timeout`, or `default_timeout` if that is
+        None); refuse a robot whose joints differ from the bundle's."""
+        timeout = self.node.config.startup_timeout or default_timeout
         if not self._robot_seen.wait(timeout):
             raise RobotTimeout(
                 f"no joint state on {dds_topic(self.node.config.topics.joint_states)} within {timeout} s "

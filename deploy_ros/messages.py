@@ -18,8 +18,10 @@ from cyclonedds.idl.types import float32, float64, int32, uint8, uint32
 
 if TYPE_CHECKING:  # at run time `sequence[T]` is Annotated[Sequence[T], <IDL bounds>]; a checker needs the Sequence
     from collections.abc import Sequence as sequence
+    from typing import TypeAlias
 
-    Covariance9 = Covariance36 = sequence[float]
+    Covariance9: TypeAlias = sequence[float]
+    Covariance36: TypeAlias = sequence[float]
 else:
     from cyclonedds.idl.types import array, sequence
 

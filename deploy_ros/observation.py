@@ -158,7 +158,10 @@ class ObservationBuilder:
                     raise BundleError(f"{where}: a body point needs this machine's robot model for forward kinematics")
                 model = model or load_model()
                 point = _numbers(spec.get("offset"), 3, f"{where}: source.offset")
-                self._kinematics[i] = _Kinematics(model, spec.get("body"), point, names, where)
+                body = spec.get("body")
+                if not isinstance(body, str) or not body:
+                    raise BundleError(f"{where}: source.body: expected a body name, got {brief(body)}")
+                self._kinematics[i] = _Kinematics(model, body, point, names, where)
             elif kind == "velocity_command":
                 self._velocity_ranges(spec.get("ranges"), where)
             elif kind == "object_position":

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from q2real.deploy_ros import realtime
-from q2real.deploy_ros.dds import DdsNode, use_loopback
+from q2real.deploy_ros.dds import ROBOT_STARTUP, DdsNode, use_loopback
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
 
@@ -114,7 +114,7 @@ def deploy(
         applied = realtime.apply(config.realtime)
         if applied:
             print(f"real-time settings: {', '.join(applied)}", flush=True)
-        _serve(node, config, stop, duration, status_every, operator_start, SIM_STARTUP if sim else None)
+        _serve(node, config, stop, duration, status_every, operator_start, SIM_STARTUP if sim else ROBOT_STARTUP)
     finally:
         sys.setswitchinterval(switch_interval)
         # Every exit, start-up failures included (bad topic, bag path, no robot), stops the child.
@@ -143,10 +143,10 @@ def _serve(
     duration: float | None,
     status_every: float | None,
     operator_start: bool,
-    startup: float | None = None,
+    startup: float = ROBOT_STARTUP,
 ) -> None:
     """The node on DDS until `stop`; it always ends with a last safe command and a closed bag.
-    `startup`: seconds to wait for the first joint state, if not `startup_timeout`."""
+    `startup`: seconds to wait for the first joint state when `startup_timeout` is not set."""
     transport = DdsNode(node)
     recorder = None
     try:

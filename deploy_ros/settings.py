@@ -125,8 +125,9 @@ class NodeConfig:
     extra_joints: tuple[str, ...] = ()
     """Joints the robot publishes that the policy does not use (e.g. gripper fingers); any other
     unknown joint name makes a joint state message malformed."""
-    startup_timeout: float = 5.0
-    """Seconds to wait for the robot's first joint state before giving up."""
+    startup_timeout: float | None = None
+    """Seconds to wait for the robot's first joint state before giving up; None: 5 s for a robot, 30 s
+    for the sim robot of `deploy --sim` (its process first imports and compiles its world)."""
     require_subscriber: bool = True
     """Stay in PASSIVE until the command topic has a matched subscriber (the controller): a wrong
     controller name, domain or middleware is then a node that says why, not a policy running into a
@@ -147,7 +148,8 @@ class NodeConfig:
     def validate(self) -> None:
         if self.control_period is not None:
             checks.number("control_period", self.control_period, above=0.0, at_most=1.0)
-        checks.number("startup_timeout", self.startup_timeout, above=0.0, at_most=3600.0)
+        if self.startup_timeout is not None:
+            checks.number("startup_timeout", self.startup_timeout, above=0.0, at_most=3600.0)
         checks.number("diagnostics_period", self.diagnostics_period, above=0.0, at_most=60.0)
         checks.names("extra_joints", self.extra_joints)
         if self.controller is not None:

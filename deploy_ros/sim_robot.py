@@ -30,11 +30,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import mujoco
 import numpy as np
+from cyclonedds.idl import IdlStruct
+from cyclonedds.pub import DataWriter
 
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_values, stamp_now
@@ -246,7 +249,9 @@ class SimRobot:
         topics = NodeConfig().topics
         dt = self.model.opt.timestep
         # (physics steps between messages, writer, message of the current state) per stream.
-        self.streams = [(self.substeps, self.dds.writer(config.joint_states_topic, msg.JointState), world.joint_state)]
+        self.streams: list[tuple[int, DataWriter, Callable[[msg.Time], IdlStruct]]] = [
+            (self.substeps, self.dds.writer(config.joint_states_topic, msg.JointState), world.joint_state)
+        ]
         if world.base is not None:
             writer = self.dds.writer(GROUND_TRUTH_TOPIC, msg.Odometry)
             self.streams.append((self.substeps, writer, world.ground_truth))
