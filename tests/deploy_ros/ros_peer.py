@@ -19,8 +19,9 @@ import time
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
+from geometry_msgs.msg import PoseStamped, Twist
 from rclpy.qos import qos_profile_system_default
-from sensor_msgs.msg import JointState
+from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Bool, Empty, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
@@ -31,7 +32,19 @@ TYPES = {
     "Bool": Bool,
     "Empty": Empty,
     "DiagnosticArray": DiagnosticArray,
+    "Imu": Imu,
+    "Twist": Twist,
+    "PoseStamped": PoseStamped,
 }
+
+
+def fill(message, data: dict) -> None:
+    """Set fields from JSON: nested objects for nested messages, null in a list for NaN."""
+    for name, value in data.items():
+        if isinstance(value, dict):
+            fill(getattr(message, name), value)
+        else:
+            setattr(message, name, [math.nan if v is None else v for v in value] if isinstance(value, list) else value)
 
 
 def fields(message) -> dict:
@@ -81,10 +94,7 @@ def main() -> None:
             if now < next_at[id(item)] or (item.get("once") and sent.get(item["topic"])):
                 continue
             message = TYPES[item["type"]]()
-            for name, value in item.get("data", {}).items():
-                setattr(
-                    message, name, [math.nan if v is None else v for v in value] if isinstance(value, list) else value
-                )
+            fill(message, item.get("data", {}))
             writer.publish(message)
             sent[item["topic"]] = sent.get(item["topic"], 0) + 1
             next_at[id(item)] = now + 1.0 / item.get("rate", 1.0)

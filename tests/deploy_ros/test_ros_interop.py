@@ -174,3 +174,69 @@ def test_a_task_command_from_a_ros2_peer_reaches_the_observation(distro, panda_b
         run_peer(distro, spec)
         assert np.allclose(node._task_command, target), node._task_command
         assert node.ticks > 50 and not node.refused
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_imu_cmd_vel_and_an_object_pose_from_a_ros2_peer_reach_the_observation(
+    distro, spot_bundle, push_bundle, dds_domain
+):
+    """sensor_msgs/Imu, geometry_msgs/Twist and geometry_msgs/PoseStamped as an IMU driver, a teleop
+    node and a tracker publish them (rclpy, their default QoS) feed the node, and the policy runs."""
+    _peer_python(distro)
+
+    def joint_states(bundle) -> dict:
+        probe = PolicyNode(bundle, _config())
+        names = list(probe.joints)
+        default = [float(v) for v in probe.spec.array("default_position")]
+        data = {"name": names, "position": default, "velocity": [0.0] * len(names)}
+        return {"topic": "/joint_states", "type": "JointState", "rate": 50.0, "data": data}
+
+    tilted = {"x": 0.0, "y": math.sin(0.1), "z": 0.0, "w": math.cos(0.1)}  # pitched by 0.2 rad
+    imu = {"orientation": tilted, "angular_velocity": {"x": 0.1, "y": -0.2, "z": 0.3}}
+    twist = {"linear": {"x": 0.5, "y": -0.1, "z": 0.0}, "angular": {"x": 0.0, "y": 0.0, "z": 0.4}}
+    spec = {
+        "seconds": 3.0,
+        "publish": [
+            joint_states(spot_bundle),
+            {"topic": "/imu/data", "type": "Imu", "rate": 200.0, "data": imu},
+            {"topic": "/cmd_vel", "type": "Twist", "rate": 20.0, "data": twist},
+        ],
+    }
+    config = _config(require_subscriber=False)
+    with node_running(spot_bundle, config) as node:
+        samples = _sampled(node, lambda: run_peer(distro, spec))
+    running = [values for mode, values in samples if mode == Mode.RUN]
+    assert running, f"the policy never ran: {[mode for mode, _ in samples]}"
+    values = running[-1]
+    np.testing.assert_allclose(values["base_angular_velocity"], [0.1, -0.2, 0.3], atol=1e-12)
+    np.testing.assert_allclose(values["projected_gravity"], [math.sin(0.2), 0.0, -math.cos(0.2)], atol=1e-12)
+    np.testing.assert_allclose(values["velocity_command"], [0.5, -0.1, 0.4])
+    assert not node.refused, node.refused
+
+    pose = {"header": {"frame_id": "world"}, "pose": {"position": {"x": 0.55, "y": 0.1, "z": 0.025}}}
+    tracker = {"topic": "/object_pose", "type": "PoseStamped", "rate": 30.0, "data": pose}
+    spec = {"seconds": 3.0, "publish": [joint_states(push_bundle), tracker]}
+    with node_running(push_bundle, config) as node:
+        samples = _sampled(node, lambda: run_peer(distro, spec))
+    running = [values for mode, values in samples if mode == Mode.RUN]
+    assert running and not node.refused, ([mode for mode, _ in samples], node.refused)
+    np.testing.assert_allclose(running[-1]["object_position"], [0.55, 0.1, 0.025])
+
+
+def _sampled(node: PolicyNode, run) -> list[tuple[Mode, dict]]:
+    """(mode, input values) every 50 ms while `run()` runs: once the peer is gone the node falls back."""
+    samples: list[tuple[Mode, dict]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            samples.append((node.shield.mode, node.inputs.values(time.monotonic())))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        run()
+    finally:
+        done.set()
+        thread.join()
+    return samples
