@@ -3,7 +3,8 @@
 Each policy is trained with SAC on the native MuJoCo backend under domain randomization (the
 "in range" perturbations), exported as a policy bundle and put through `q2real transfer`: the bundle,
 behind the safety shield, on MJX (the other backend) unperturbed, under each randomization effect at
-its training range and beyond it, all together, and through the ROS 2 node against the sim robot.
+its training range and beyond it, all together, and through the ROS 2 node against the sim robot
+(Spot's through the base IMU and cmd_vel).
 Ratios are mean return over the return as trained (the same bundle and shield on the training backend
 with the training randomization, on the same episodes).
 
@@ -80,7 +81,7 @@ def main() -> None:
             run, seconds = trained("spot_joystick", args.locomotion_steps, 16, LOCOMOTION_DR, root)
             print(f"spot_joystick: trained {args.locomotion_steps} env steps in {seconds:.0f} s")
             rows = ["nominal", "all in range", "all beyond"]
-            spot = run_gate(run, episodes=args.episodes, only=rows)
+            spot = run_gate(run, episodes=args.episodes, only=rows, ros=True)
             results["spot_joystick"] = {**spot, "train_steps": args.locomotion_steps, "train_seconds": seconds}
             shutil.copy(run / "transfer.png", RESULTS / "transfer_spot_joystick.png")
     finally:
