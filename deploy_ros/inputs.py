@@ -104,6 +104,9 @@ class Inputs:
             reason = "orientation: the IMU reports none (orientation_covariance[0] = -1); projected gravity needs it"
         else:
             result = imu_in_base((o.x, o.y, o.z, o.w), (w.x, w.y, w.z), self._mount)
+            limit = self.config.max_angular_velocity
+            if not isinstance(result, str) and not np.abs(result[1]).max() <= limit:
+                result = f"angular_velocity: {brief(np.round(result[1], 3).tolist())} rad/s beyond the gyro's {limit}"
             if not isinstance(result, str):
                 gravity, omega = result
                 self._imu = Reading({"projected_gravity": gravity, "base_angular_velocity": omega}, received)
@@ -135,8 +138,12 @@ class Inputs:
             )
         p = message.pose.position
         position = np.array([p.x, p.y, p.z], dtype=float)
-        if not np.isfinite(position).all():
-            return f"object_pose: {self.topics.object_pose}: a position component is NaN or infinite"
+        limit = self.config.max_object_distance
+        if not np.linalg.norm(position) <= limit:  # NaN fails too
+            return (
+                f"object_pose: {self.topics.object_pose}: position {brief(position.tolist())} is not finite or "
+                f"beyond max_object_distance ({limit} m)"
+            )
         self._object = Reading({"object_position": position}, received)
         return None
 

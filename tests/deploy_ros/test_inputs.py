@@ -75,6 +75,8 @@ def test_a_stale_imu_drops_run_to_damp_not_hold_within_its_age_limit(spot_bundle
         (_imu(msg.Quaternion(x=0.0, y=0.0, z=0.0, w=0.5)), "not a unit quaternion"),
         (_imu(msg.Quaternion(x=0.0, y=0.0, z=0.0, w=0.0)), "not a unit quaternion"),
         (msg.Imu(orientation=UPRIGHT, orientation_covariance=[-1.0] + [0.0] * 8), "reports none"),
+        (_imu(gyro=(1e300, 0.0, 0.0)), "beyond the gyro's 35.0"),  # would be inf in the float32 observation
+        (_imu(gyro=(0.0, 0.0, -40.0)), "beyond the gyro's 35.0"),
     ],
 )
 def test_an_invalid_imu_reading_is_refused_counted_and_drops_run_to_damp(spot_bundle, reading, reason) -> None:
@@ -135,6 +137,7 @@ def test_the_object_pose_must_be_fresh_and_in_the_frame_the_policy_was_trained_i
     refused = node.on_object_pose(_pose("camera_link"), received=now)
     assert refused is not None and "'world'" in refused
     assert node.on_object_pose(_pose("world", math.nan), received=now) is not None
+    assert "max_object_distance" in (node.on_object_pose(_pose("world", 1e30), received=now) or "")
     assert node.on_object_pose(_pose("world"), received=now) is None
     _feed(node, now)
     tick = node.tick(now)
@@ -145,7 +148,7 @@ def test_the_object_pose_must_be_fresh_and_in_the_frame_the_policy_was_trained_i
         _feed(node, now)
         tick = node.tick(now)
     assert tick.command.mode == Mode.HOLD, "a stale object falls back as the shield is configured (hold)"
-    assert node.diagnostics()["values"]["refused.object_pose"] == "2"
+    assert node.diagnostics()["values"]["refused.object_pose"] == "3"
 
 
 def test_bundles_whose_inputs_the_node_cannot_serve_are_refused(spot_bundle, tmp_path) -> None:

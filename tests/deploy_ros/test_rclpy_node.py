@@ -140,3 +140,31 @@ def test_the_rclpy_node_waits_for_a_controller_before_it_starts(pendulum_bundle,
             time.sleep(0.02)
         assert node.core.shield.mode == Mode.PASSIVE and not errors
         assert node.core.diagnostics()["values"]["waiting_for_controller"].startswith("no subscriber on")
+
+
+@pytest.mark.timeout(300)
+def test_the_rclpy_node_runs_a_legged_robot_on_its_imu_and_cmd_vel(spot_bundle, dds_domain) -> None:
+    """Spot on the sim robot (Cyclone) through rclpy: the IMU arrives from the robot, a velocity command
+    from another ROS 2 node, and the policy runs on both."""
+    from geometry_msgs.msg import Twist
+
+    robot = start_sim_robot("spot", NodeConfig())
+    try:
+        with rclpy_node(spot_bundle, dds_domain) as (node, helper, errors):
+            writer = helper.create_publisher(Twist, "/cmd_vel", qos_profile_system_default)
+            twist = Twist()
+            twist.linear.x, twist.angular.z = 0.6, -0.3
+            deadline = time.monotonic() + 30
+            while node.core.shield.mode != Mode.RUN and time.monotonic() < deadline:
+                writer.publish(twist)
+                time.sleep(0.05)
+            assert node.core.shield.mode == Mode.RUN, node.core.last_reason
+            writer.publish(twist)
+            time.sleep(0.1)
+            values = node.core.inputs.values(time.monotonic())
+            assert not errors and not node.core.refused, (errors, node.core.refused)
+    finally:
+        stop_sim_robot(robot)
+    np.testing.assert_allclose(values["velocity_command"], [0.6, 0.0, -0.3])
+    gravity = values["projected_gravity"]
+    assert np.linalg.norm(gravity) == pytest.approx(1.0) and gravity[2] < -0.9, gravity  # standing upright
