@@ -71,6 +71,12 @@ class Reading:
     received: float
 
 
+def _fresh(reading: Reading | None, limit: float, now: float) -> bool:
+    """Within `limit` of `now` either way: a reading that arrived while the tick ran is newer than the
+    tick's clock, and fresh; one from a clock that jumped is not."""
+    return reading is not None and -limit <= now - reading.received <= limit
+
+
 class Inputs:
     """Newest readings of the streams a bundle reads, their faults and their timeouts.
 
@@ -86,13 +92,17 @@ class Inputs:
         self._ranges = builder.velocity_ranges
         self.object_frame = builder.object_frame
         self._imu: Reading | None = None
+        self._imu_faults = 0
+        """Refused IMU messages so far; the tick compares it with the count it last saw, so a NaN
+        between two ticks damps too (one writer: the IMU's delivery thread)."""
+        self._imu_faults_seen = 0
         self._imu_fault = ""
-        """Why the last IMU message was refused, until a tick has seen it (a NaN between ticks counts)."""
         self._velocity: Reading | None = None
         self._object: Reading | None = None
         self._zero_velocity = {"velocity_command": np.zeros(3)}
         self.events: Counter[str] = Counter()
-        """Faults and timeouts by stream, counted once per onset (e.g. 'imu.stale')."""
+        """Faults and timeouts by stream, counted once per onset (e.g. 'imu.stale'); clipped velocity
+        commands by message."""
         self._active: set[str] = set()
 
     # --- handlers (transport threads) ---------------------------------------------------------------
@@ -100,7 +110,10 @@ class Inputs:
         if "imu" not in self.streams:
             return None
         o, w = message.orientation, message.angular_velocity
-        if message.orientation_covariance[0] == -1.0:
+        frame = self.config.imu_frame_id
+        if frame is not None and message.header.frame_id != frame:
+            reason = f"frame_id {brief(message.header.frame_id)}, expected {frame!r} (inputs.imu_frame_id)"
+        elif message.orientation_covariance[0] == -1.0:
             reason = "orientation: the IMU reports none (orientation_covariance[0] = -1); projected gravity needs it"
         else:
             result = imu_in_base((o.x, o.y, o.z, o.w), (w.x, w.y, w.z), self._mount)
@@ -113,14 +126,19 @@ class Inputs:
                 return None
             reason = result
         self._imu_fault = f"imu: {self.topics.imu}: {reason}"
+        self._imu_faults += 1
         return self._imu_fault
 
     def on_velocity_command(self, message, received: float) -> str | None:
         if self._ranges is None:
             return None
-        raw = np.array([message.linear.x, message.linear.y, message.angular.z], dtype=float)
-        if not np.isfinite(raw).all():
-            return f"velocity_command: {self.topics.cmd_vel}: a component is NaN or infinite: {brief(raw.tolist())}"
+        linear, angular = message.linear, message.angular
+        every = [linear.x, linear.y, linear.z, angular.x, angular.y, angular.z]
+        if not np.isfinite(every).all():
+            # Not the last speed until the timeout: a garbled command means stop now.
+            self._velocity = Reading(self._zero_velocity, received)
+            return f"velocity_command: {self.topics.cmd_vel}: a component is NaN or infinite: {brief(every)}"
+        raw = np.array([linear.x, linear.y, angular.z], dtype=float)
         value = np.clip(raw, self._ranges[:, 0], self._ranges[:, 1])
         if (value != raw).any():
             self.events["velocity_command.clipped"] += 1
@@ -158,16 +176,18 @@ class Inputs:
         shield's configured fallback); None when every stream the bundle reads is usable."""
         found: tuple[str, Mode | None] | None = None
         if "imu" in self.streams:
-            bad, self._imu_fault = self._imu_fault, ""
+            faults = self._imu_faults
+            bad = self._imu_fault if faults != self._imu_faults_seen else ""
+            self._imu_faults_seen = faults
             reading, limit = self._imu, self.config.imu_max_age
-            stale = reading is None or not 0.0 <= now - reading.received <= limit
+            stale = not _fresh(reading, limit, now)
             self._onset("imu.nonfinite_or_invalid", bool(bad))
             self._onset("imu.stale", stale)
             if bad or stale:
                 found = (bad or f"imu: no valid reading on {self.topics.imu} within imu_max_age ({limit} s)", Mode.DAMP)
         if "object_pose" in self.streams and found is None:
-            reading, limit = self._object, self.config.object_max_age
-            stale = reading is None or not 0.0 <= now - reading.received <= limit
+            stale = not _fresh(self._object, self.config.object_max_age, now)
+            limit = self.config.object_max_age
             self._onset("object_pose.stale", stale)
             if stale:
                 found = (f"object_pose: no pose on {self.topics.object_pose} within object_max_age ({limit} s)", None)
@@ -181,8 +201,8 @@ class Inputs:
             if reading is not None:
                 values |= reading.values
         if self._ranges is not None:
-            reading, limit = self._velocity, self.config.velocity_command_timeout
-            timed_out = reading is None or not 0.0 <= now - reading.received <= limit
+            reading = self._velocity
+            timed_out = not _fresh(reading, self.config.velocity_command_timeout, now)
             self._onset("velocity_command.timeout", timed_out and reading is not None)
             values |= self._zero_velocity if timed_out or reading is None else reading.values
         return values

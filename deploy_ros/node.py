@@ -333,6 +333,8 @@ class PolicyNode:
             if fault is None and shield.run():
                 self._handover = False
             self._hold_back(fault[0] if fault is not None else "")
+        else:
+            self.held_back = ""  # no handover pending (a reset or an e-stop cancelled it)
         if fault is not None and shield.mode == Mode.RUN:
             shield.fall_back(*fault)
         obs = raw = None

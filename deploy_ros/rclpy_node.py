@@ -86,8 +86,9 @@ class RclpyPolicyNode(Node):
         self.create_subscription(Float64MultiArray, topics.task_command, self._on_task_command, 10)
         for stream, topic, kind, handler in STREAMS:  # only the streams the bundle reads
             if stream in core.inputs.streams:
+                callback = self._input(stream, getattr(core, handler))
                 self.create_subscription(
-                    getattr(MESSAGES, kind), getattr(topics, topic), getattr(core, handler), qos_profile_sensor_data
+                    getattr(MESSAGES, kind), getattr(topics, topic), callback, qos_profile_sensor_data
                 )
         self._checked = False
         self.diagnostics = DiagnosticsThread(core, self._write_diagnostics).start()
@@ -111,6 +112,16 @@ class RclpyPolicyNode(Node):
         reason = self.core.on_joint_state(m.name, m.position, m.velocity, m.effort)
         if reason is not None:
             self.get_logger().warn(f"joint state refused: {reason}", throttle_duration_sec=1.0)
+
+    def _input(self, stream: str, handler):
+        """A subscription callback that feeds `handler` and logs its refusals (at most once a second)."""
+
+        def callback(message) -> None:
+            reason = handler(message)
+            if reason is not None:
+                self.get_logger().warn(f"{stream} refused: {reason}", throttle_duration_sec=1.0)
+
+        return callback
 
     def publish(self, tick: Tick) -> None:
         core = self.core

@@ -72,6 +72,9 @@ class InputsConfig:
     """A velocity command older than this is replaced by zero (stand still) until a new one arrives."""
     object_max_age: float = 0.5
     """Older than this, the policy stops: RUN falls back as for a joint-state fault."""
+    imu_frame_id: str | None = None
+    """The IMU driver's frame (`header.frame_id`); set, a reading in another frame (a second IMU on
+    the topic) is refused; None: any frame."""
     max_angular_velocity: float = 35.0
     """rad/s; a gyro reading beyond it is a sensor fault (about 2000 deg/s, the full scale of common
     MEMS gyros), refused like a NaN."""
@@ -82,6 +85,8 @@ class InputsConfig:
         checks.number("inputs.imu_max_age", self.imu_max_age, above=0.0, at_most=0.5)
         checks.number("inputs.velocity_command_timeout", self.velocity_command_timeout, above=0.0, at_most=10.0)
         checks.number("inputs.object_max_age", self.object_max_age, above=0.0, at_most=5.0)
+        if self.imu_frame_id is not None and not self.imu_frame_id.strip():
+            raise ValueError("inputs.imu_frame_id: expected a frame name, got an empty string")
         checks.number("inputs.max_angular_velocity", self.max_angular_velocity, above=0.0, at_most=200.0)
         checks.number("inputs.max_object_distance", self.max_object_distance, above=0.0, at_most=100.0)
 

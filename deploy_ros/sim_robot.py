@@ -72,7 +72,8 @@ class SimRobotConfig:
     object_rate: float = 30.0
     """Hz of /object_pose for a task with a tracked object (a camera tracker's rate)."""
     gantry: float = 0.0
-    """Seconds a floating base is held still after the first command; 0: free from the start."""
+    """Seconds a floating base is held still after the first command (with the node's `autostart`,
+    its ramp time: released at the handover; an operator start comes later); 0: free from the start."""
     seed: int = 0
 
 
@@ -160,7 +161,8 @@ class SimWorld:
         if noise > 0:
             gyro = gyro + self.rng.normal(0.0, noise, 3)
             tilt = np.zeros(4)
-            mujoco.mju_axisAngle2Quat(tilt, self.rng.normal(size=3), abs(self.rng.normal(0.0, noise)))
+            axis = self.rng.normal(size=3)
+            mujoco.mju_axisAngle2Quat(tilt, axis / np.linalg.norm(axis), abs(self.rng.normal(0.0, noise)))
             noisy = np.zeros(4)
             mujoco.mju_mulQuat(noisy, orientation, tilt)
             orientation = noisy
@@ -302,7 +304,7 @@ class SimRobot:
                 print(f"sim robot: parent process {parent} is gone, stopping", flush=True)
                 return
             now = time.monotonic()
-            if now < self._first_command + self.config.gantry:
+            if self.config.gantry > 0 and now < self._first_command + self.config.gantry:
                 world.hold_base()
             mujoco.mj_step1(model, data)  # sensors of the current state, before the controls act
             stamp = stamp_now(msg)

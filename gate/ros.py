@@ -40,12 +40,14 @@ class _Wire:
     """Joint states, commands, base and object poses and mode changes as they pass, with arrival times."""
 
     def __init__(self, endpoints: Endpoints, config: NodeConfig):
-        self.states: list[tuple[float, list[str], list[float], list[float]]] = []
+        self.states: list[tuple[float, int, list[str], list[float], list[float]]] = []
+        """(arrival, header stamp in ns, names, positions, velocities)."""
         self.commands: list[tuple[float, np.ndarray]] = []
-        self.bases: list[tuple[float, np.ndarray, np.ndarray]] = []
-        """(arrival, base qpos (7), base qvel (6) in MuJoCo's convention) from the ground truth."""
-        self.objects: list[tuple[float, np.ndarray]] = []
-        """(arrival, object qpos (7)) from the tracker's pose."""
+        self.bases: list[tuple[int, np.ndarray, np.ndarray]] = []
+        """(header stamp in ns, base qpos (7), base qvel (6) in MuJoCo's convention) from the ground
+        truth; the sim robot stamps it as the joint state of the same step."""
+        self.objects: list[tuple[int, np.ndarray]] = []
+        """(header stamp in ns, object qpos (7)) from the tracker's pose."""
         self.run_since: float | None = None
         self.readers = [
             endpoints.reader("/joint_states", msg.JointState, self._state, SENSOR_QOS),
@@ -62,14 +64,14 @@ class _Wire:
         mujoco.mju_quat2Mat(frame, qpos[3:])
         v, w = m.twist.twist.linear, m.twist.twist.angular
         linear = frame.reshape(3, 3) @ [v.x, v.y, v.z]  # the twist is in the base frame, MuJoCo's in the world
-        self.bases.append((time.monotonic(), qpos, np.array([*linear, w.x, w.y, w.z])))
+        self.bases.append((_ns(m.header.stamp), qpos, np.array([*linear, w.x, w.y, w.z])))
 
     def _object(self, m) -> None:
         p, o = m.pose.position, m.pose.orientation
-        self.objects.append((time.monotonic(), np.array([p.x, p.y, p.z, o.w, o.x, o.y, o.z])))
+        self.objects.append((_ns(m.header.stamp), np.array([p.x, p.y, p.z, o.w, o.x, o.y, o.z])))
 
     def _state(self, m) -> None:
-        self.states.append((time.monotonic(), list(m.name), list(m.position), list(m.velocity)))
+        self.states.append((time.monotonic(), _ns(m.header.stamp), list(m.name), list(m.position), list(m.velocity)))
 
     def _command(self, m) -> None:
         self.commands.append((time.monotonic(), np.asarray(m.data, dtype=float)))
@@ -151,16 +153,16 @@ def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> f
         if needed is not None and not stream:
             raise GateError(f"ROS 2 row: the sim robot published no {name}; the reward needs it")
     total = 0.0
-    for stamp, names, position, velocity in states:
+    for stamp, measured, names, position, velocity in states:
         for name, q, qd in zip(names, position, velocity, strict=True):
             joint = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
             data.qpos[model.jnt_qposadr[joint]], data.qvel[model.jnt_dofadr[joint]] = q, qd
         if base is not None:
-            _, qpos, qvel = _latest(wire.bases, stamp)
+            _, qpos, qvel = _latest(wire.bases, measured)
             q, v = model.jnt_qposadr[base], model.jnt_dofadr[base]
             data.qpos[q : q + 7], data.qvel[v : v + 6] = qpos, qvel
         if obj is not None:
-            data.qpos[model.jnt_qposadr[obj] : model.jnt_qposadr[obj] + 7] = _latest(wire.objects, stamp)[1]
+            data.qpos[model.jnt_qposadr[obj] : model.jnt_qposadr[obj] + 7] = _latest(wire.objects, measured)[1]
         mujoco.mj_forward(model, data)
         command = _latest(wire.commands, stamp, (stamp, offset))[1]
         action = torch.from_numpy(action_from_command(command, scale, offset)).float()[None]
@@ -175,8 +177,13 @@ def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> f
     return total
 
 
+def _ns(stamp) -> int:
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
+
+
 def _latest(stream: list, stamp: float, before_any=None):
-    """The newest entry of a time-ordered stream that arrived by `stamp` (the first one if none did)."""
+    """The newest entry of a time-ordered stream at or before `stamp` (the first one if none is):
+    commands by arrival, the sim robot's poses by their header stamps."""
     i = bisect.bisect_right(stream, stamp, key=lambda entry: entry[0]) - 1
     if i < 0:
         return before_any if before_any is not None else stream[0]

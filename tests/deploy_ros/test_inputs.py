@@ -114,8 +114,13 @@ def test_a_velocity_command_is_clipped_to_the_trained_ranges_and_times_out_to_ze
     assert node.on_velocity_command(_twist(5.0, -3.0, 2.0), received=now) is None  # beyond forward/lateral/yaw
     _feed(node, now, _imu())
     np.testing.assert_allclose(_command_term(node, node.tick(now).observation), [1.0, -0.5, 1.0])
-    refused = node.on_velocity_command(_twist(math.nan, 0.0, 0.0), received=now)
+    garbled = msg.Twist(msg.Vector3(0.5, 0.0, math.inf), msg.Vector3(0.0, 0.0, 0.3))  # a component not observed
+    refused = node.on_velocity_command(garbled, received=now)
     assert refused is not None and "/cmd_vel" in refused
+    _feed(node, now, _imu())
+    tick = node.tick(now)
+    np.testing.assert_array_equal(_command_term(node, tick.observation), [0.0, 0.0, 0.0])  # stop now, not at timeout
+    assert node.on_velocity_command(_twist(1.0, 0.5, -1.0), received=now) is None
     for _ in range(6):  # 0.12 s without a command
         now += DT
         _feed(node, now, _imu())
@@ -142,7 +147,10 @@ def test_the_object_pose_must_be_fresh_and_in_the_frame_the_policy_was_trained_i
     _feed(node, now)
     tick = node.tick(now)
     assert tick.command.mode == Mode.RUN
-    assert tick.observation is not None and 0.5 in tick.observation[0].round(6)
+    terms = node.bundle.info.metadata["observation"]["terms"]
+    start = sum(t["dim"] for t in terms[: [t["name"] for t in terms].index("cube_position")])
+    assert tick.observation is not None
+    np.testing.assert_allclose(tick.observation[0, start : start + 3], [0.5, 0.0, 0.025], rtol=1e-6)
     for _ in range(7):
         now += DT
         _feed(node, now)
@@ -168,3 +176,28 @@ def test_bundles_whose_inputs_the_node_cannot_serve_are_refused(spot_bundle, tmp
     builder = ObservationBuilder(read_metadata(spot_bundle), "spot.onnx")
     with pytest.raises(BundleError, match="observes the base IMU, but the bundle's robot has no imu section"):
         Inputs(builder, InputsConfig(), None, TopicConfig(), "spot.onnx")
+
+
+def test_a_reading_that_arrives_while_the_tick_runs_is_fresh(spot_bundle) -> None:
+    """The tick reads its clock before it looks at the inputs: a reading stamped a moment later is the
+    freshest there is, not a stale one."""
+    node, now = _running(spot_bundle)
+    _feed(node, now + 1e-6, _imu())
+    assert node.on_velocity_command(_twist(0.5, 0.0, 0.0), received=now + 1e-6) is None
+    tick = node.tick(now)
+    assert tick.command.mode == Mode.RUN
+    np.testing.assert_allclose(_command_term(node, tick.observation), [0.5, 0.0, 0.0])
+
+
+def test_an_imu_in_another_frame_than_the_configured_one_is_refused(spot_bundle) -> None:
+    node, now = _running(spot_bundle, imu=False, imu_frame_id="base_imu")
+    assert node.on_imu(_imu(), received=now) is not None, "a reading without the frame must not count"
+    assert node.tick(now).command.mode == Mode.RAMP
+    reading = _imu()
+    reading.header.frame_id = "base_imu"
+    _feed(node, now, reading)
+    assert node.tick(now).command.mode == Mode.RUN
+    reading.header.frame_id = "camera_imu"
+    refused = node.on_imu(reading, received=now)
+    assert refused is not None and "inputs.imu_frame_id" in refused
+    assert node.tick(now).command.mode == Mode.DAMP
