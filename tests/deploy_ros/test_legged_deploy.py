@@ -15,8 +15,12 @@ import pytest
 from q2real.cli.main import main
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints
+from q2real.deploy_ros.settings import NodeConfig
 from q2real.deploy_ros.sim_robot import GROUND_TRUTH_TOPIC
+from q2real.safety.flags import Mode
+from q2real.safety.shield import ShieldConfig
 from tests.deploy_ros.conftest import export_fresh_agent
+from tests.deploy_ros.test_dds_loop import running
 
 pytestmark = pytest.mark.slow  # real-time DDS against the sim robot process
 
@@ -94,3 +98,17 @@ def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(tas
         gaps = np.diff(wire.stamps)
         assert np.median(gaps) == pytest.approx(0.005, abs=0.002)
     assert wire.modes[-1] == "ESTOP", "the node's last command is its stop"
+
+
+@pytest.mark.timeout(120)
+def test_an_imu_slower_than_its_age_limit_drops_the_running_policy_to_damp(spot_bundle, participant) -> None:
+    """Over DDS: an IMU at 4 Hz is fresh for 50 ms after each reading, so the policy may take over, and
+    it is dropped to DAMP (not HOLD, the configured fallback) once a reading is older than 50 ms."""
+    config = NodeConfig(autostart=True, startup_timeout=30.0, shield=ShieldConfig(ramp_time=0.2))
+    with running(spot_bundle, config, robot="spot", extra=["--imu-rate", "4"]) as (node, _, _, errors):
+        deadline = time.monotonic() + 30
+        while node.shield.mode not in (Mode.DAMP, Mode.HOLD, Mode.ESTOP) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not errors, errors
+        assert node.shield.mode == Mode.DAMP and config.shield.fallback == "hold", node.last_reason
+        assert "imu_max_age" in node.last_reason and node.inputs.events["imu.stale"] >= 1

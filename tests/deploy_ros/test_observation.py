@@ -17,7 +17,7 @@ from q2real.deploy_ros.observation import ObservationBuilder
 from q2real.deploy_ros.schema import BundleError
 from q2real.deploy_ros.settings import InputsConfig, TopicConfig
 from q2real.deploy_ros.sim_robot import SimRobotConfig, SimWorld
-from q2real.hardware import RobotSpec, load_spec
+from q2real.hardware import RobotSpec, load_spec, robot_spec
 from q2real.hardware.spec import HARDWARE_DIR
 from q2real.sim import make
 from q2real.sim.physics import PhysicsState
@@ -155,3 +155,26 @@ def test_a_term_without_a_usable_source_is_refused(source, match) -> None:
     meta = {"observation": {"dim": 1, "terms": [term]}, "action": {"dim": 1}}
     with pytest.raises(BundleError, match=match):
         ObservationBuilder(meta, "bundle.onnx")
+
+
+def test_the_sim_robots_imu_noise_and_bias_stay_readings_the_node_accepts() -> None:
+    """Noise tilts the orientation by a random rotation (still a unit quaternion) and adds white noise
+    and a fixed bias to the gyro, as the training randomization perturbs observations."""
+    spec = robot_spec("spot")
+    clean = SimWorld(spec, SimRobotConfig())
+    noisy = SimWorld(spec, SimRobotConfig(imu_noise=0.05, imu_bias=0.02, seed=3))
+    builder = ObservationBuilder({"observation": {"dim": 3, "terms": [_gravity]}, "action": {"dim": 12}}, "t")
+    inputs = Inputs(builder, InputsConfig(), spec.imu, TopicConfig(), "t")
+    tilts, gyros = [], []
+    for _ in range(300):
+        assert inputs.on_imu(noisy.imu_message(msg.Time()), 0.0) is None
+        gravity = inputs.values(0.0)["projected_gravity"]
+        assert inputs.on_imu(clean.imu_message(msg.Time()), 0.0) is None
+        tilts.append(math.acos(np.clip(gravity @ inputs.values(0.0)["projected_gravity"], -1, 1)))
+        gyros.append([noisy.imu_message(msg.Time()).angular_velocity.x])
+    assert 0.01 < np.mean(tilts) < 0.1, np.mean(tilts)  # |N(0, 0.05)| has mean 0.04
+    assert abs(np.mean(gyros) - noisy.gyro_bias[0]) < 0.01 and 0.03 < np.std(gyros) < 0.07
+    assert abs(noisy.gyro_bias[0]) <= 0.02 and noisy.gyro_bias.any()
+
+
+_gravity = {"name": "g", "dim": 3, "source": {"kind": "projected_gravity"}}
