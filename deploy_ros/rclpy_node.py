@@ -102,7 +102,7 @@ class RclpyPolicyNode(Node):
             self.get_logger().info(f"real-time settings: {', '.join(applied)}")
         self.get_logger().info(
             f"{bundle}: {core.spec.name} joints {core.names}, {1 / core.period:g} Hz, commands on "
-            f"{config.command_topic()} ({style}), shield fallback {config.shield.fallback}"
+            f"{config.command_topic()} ({style}), shield fallback {core.shield.fallback}"
         )
 
     def _on_joint_state(self, m: JointState) -> None:

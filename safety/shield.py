@@ -48,8 +48,9 @@ Veto = Callable[[np.ndarray, np.ndarray, np.ndarray], bool]
 
 @dataclass
 class ShieldConfig:
-    fallback: Literal["hold", "damp"] = "hold"
-    """What RUN drops to on its own: a stiff hold (arms) or damping with kp = 0 (legged robots)."""
+    fallback: Literal["hold", "damp"] | None = None
+    """What RUN drops to on its own: a stiff hold (arms) or damping with kp = 0 (legged robots: never
+    stiff while falling); None: damp for a floating-base robot (its spec names a base IMU), else hold."""
     action_clip: float = 1.0
     action_scale: tuple[float, ...] | None = None
     """Per joint; None maps [-1, 1] as q2real's tasks do (torque: effort limit; position: to the limits)."""
@@ -80,6 +81,8 @@ class ShieldConfig:
     def validate(self) -> None:
         """Every value finite and of the sign its rule needs: a NaN margin or a negative damping gain
         would disarm the rule it configures."""
+        if self.fallback not in (None, "hold", "damp"):
+            raise ValueError(f"fallback: expected 'hold' or 'damp', got {self.fallback!r:.80}")
         checks.number("action_clip", self.action_clip, above=0.0, at_most=1.0)
         if self.action_scale is not None:
             checks.numbers("action_scale", self.action_scale, at_least=0.0)
@@ -198,6 +201,8 @@ class Shield:
         if self.scale.shape != (n,) or self.offset.shape != (n,):
             raise ValueError(f"shield: action_scale/action_offset need {n} entries (joints {self.names})")
         self.hold_kd = np.where(self.kd > 0, self.kd, cfg.damp_kd)
+        self.fallback = cfg.fallback or ("damp" if spec.imu is not None else "hold")
+        """The fallback in force: the configured one, or the robot's (damp for a floating base)."""
         self.workspace = Workspace(spec, cfg) if cfg.workspace_points else None
         # Per-tick constants: the rate window half-width and, for PD joints, the target offset from the
         # measured pose at which the PD torque reaches the effort limit.
@@ -265,7 +270,7 @@ class Shield:
         """RUN or RAMP -> HOLD or DAMP: `mode`, or the configured fallback. An input the shield does not
         see (a faulty IMU on a legged robot) asks for DAMP here, whatever the fallback for joint faults."""
         if mode is None:
-            mode = Mode.HOLD if self.config.fallback == "hold" else Mode.DAMP
+            mode = Mode.HOLD if self.fallback == "hold" else Mode.DAMP
         if mode not in (Mode.HOLD, Mode.DAMP):
             raise ValueError(f"fall_back: expected HOLD or DAMP, got {mode.name}")
         if self.mode in (Mode.RUN, Mode.RAMP):
@@ -392,7 +397,7 @@ class Shield:
         n = len(self.names)
         q = self._q if self._q is not None else self._previous
         qd = self._qd if self._qd is not None else np.zeros(n)
-        stiff = mode in (Mode.RAMP, Mode.RUN, Mode.HOLD) or (mode == Mode.ESTOP and self.config.fallback == "hold")
+        stiff = mode in (Mode.RAMP, Mode.RUN, Mode.HOLD) or (mode == Mode.ESTOP and self.fallback == "hold")
         if self.torque or not stiff:
             kp = np.zeros(n)
             kd = np.zeros(n) if mode == Mode.PASSIVE or (self.torque and mode == Mode.RUN) else self.hold_kd.copy()

@@ -39,7 +39,9 @@ def _feed(node: PolicyNode, now: float, imu: msg.Imu | None = None) -> None:
 
 
 def _running(bundle, imu: bool = True, **inputs) -> tuple[PolicyNode, float]:
-    config = NodeConfig(autostart=True, shield=ShieldConfig(ramp_time=0.1), inputs=InputsConfig(**inputs))
+    # A stiff hold as the joint-state fallback, to show that an IMU fault damps regardless.
+    shield = ShieldConfig(ramp_time=0.1, fallback="hold")
+    config = NodeConfig(autostart=True, shield=shield, inputs=InputsConfig(**inputs))
     node = PolicyNode(bundle, config)
     now = 100.0
     for _ in range(10):

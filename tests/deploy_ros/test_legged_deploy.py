@@ -104,7 +104,7 @@ def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(tas
 def test_an_imu_slower_than_its_age_limit_drops_the_running_policy_to_damp(spot_bundle, participant) -> None:
     """Over DDS: an IMU at 4 Hz is fresh for 50 ms after each reading, so the policy may take over, and
     it is dropped to DAMP (not HOLD, the configured fallback) once a reading is older than 50 ms."""
-    config = NodeConfig(autostart=True, startup_timeout=30.0, shield=ShieldConfig(ramp_time=0.2))
+    config = NodeConfig(autostart=True, startup_timeout=30.0, shield=ShieldConfig(ramp_time=0.2, fallback="hold"))
     with running(spot_bundle, config, robot="spot", extra=["--imu-rate", "4"]) as (node, _, _, errors):
         deadline = time.monotonic() + 30
         while node.shield.mode not in (Mode.DAMP, Mode.HOLD, Mode.ESTOP) and time.monotonic() < deadline:

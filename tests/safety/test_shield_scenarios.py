@@ -298,3 +298,15 @@ def test_a_state_stamped_ahead_of_the_clock_keeps_it_fresh_no_longer_than_max_st
     assert shield.run()
     shield.tick(["slider"], [0.0], [0.0], now + 0.09, now)  # stamped 90 ms in the future
     assert shield.tick(["slider"], [0.0], [0.0], now, now + 0.1 + 1e-6).mode == Mode.HOLD
+
+
+@pytest.mark.parametrize(
+    ("robot", "fallback"), [("spot", "damp"), ("gr1", "damp"), ("panda", "hold"), ("cartpole", "hold")]
+)
+def test_the_default_fallback_is_the_robots_damp_for_a_floating_base(robot: str, fallback: str) -> None:
+    """A legged robot must never go stiff while it falls: unless configured, its fallback is DAMP."""
+    spec = robot_spec(robot)
+    assert Shield(spec).fallback == fallback
+    assert Shield(spec, ShieldConfig(fallback="hold")).fallback == "hold"
+    with pytest.raises(ValueError, match="fallback: expected 'hold' or 'damp'"):
+        ShieldConfig(fallback="stiff").validate()  # type: ignore[arg-type]
