@@ -74,7 +74,10 @@ def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(tas
         publisher = threading.Thread(target=lambda: [writer.write(twist) for _ in iter(lambda: stop.wait(0.05), True)])
         publisher.start()
     try:
-        code = main(["deploy", str(bundle), "--sim", "--duration", "4", "autostart=true", "shield.ramp_time=0.2"])
+        # The age limit is the pipeline's, not the point here: 0.2 s so a stalled process on a loaded
+        # machine does not read as an IMU fault (the test below holds the default limit).
+        args = ["--duration", "4", "autostart=true", "shield.ramp_time=0.2", "inputs.imu_max_age=0.2"]
+        code = main(["deploy", str(bundle), "--sim", *args])
     finally:
         stop.set()
         if publisher is not None:
