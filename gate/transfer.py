@@ -133,8 +133,15 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int) -> torch.Ten
     to the env's [-1, 1] action. Position robots take the shield's targets at the spec gains (the rare
     gain reduction of its effort rule is not simulated). The shields tick in a Python loop over envs on
     purpose: they are the robot's own per-robot code, and the gate is an evaluation, not a training loop."""
-    spec = robot_from_metadata(bundle.info.metadata, str(bundle.path))
-    config = ShieldConfig(ramp_time=0.0, ramp_max_distance=math.inf)
+    meta = bundle.info.metadata
+    spec = robot_from_metadata(meta, str(bundle.path))
+    # The bundle's action mapping, as on the robot (the node hands it to its shield the same way).
+    config = ShieldConfig(
+        ramp_time=0.0,
+        ramp_max_distance=math.inf,
+        action_scale=tuple(meta["action"]["scale"]),
+        action_offset=tuple(meta["action"]["offset"]),
+    )
     shields = [Shield(spec, config) for _ in range(env.num_envs)]
     names, dt = spec.joint_names, spec.control_period
     task = env.task

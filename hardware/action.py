@@ -12,21 +12,31 @@ from typing import TypeVar
 
 import numpy as np
 
-from q2real.hardware.spec import RobotSpec
+from q2real.hardware.spec import RobotSpec, SpecError
 
 Array = TypeVar("Array")
 
 
-def action_mapping(spec: RobotSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(scale, offset) per joint, float64: torque joints command `action * effort_limit`; position joints
-    a target around the default pose, `action` 1 reaching the nearer position limit (at most pi rad away,
-    so continuous joints stay within a half turn)."""
+def action_mapping(spec: RobotSpec, action_scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, offset) per joint, float64.
+
+    Torque joints command `action * action_scale * effort_limit` (`action_scale` a fraction in (0, 1];
+    None: the whole effort limit). Position joints command a target around the default pose, `action`
+    1 reaching `action_scale` rad away (None: the nearer position limit), never beyond the nearer limit
+    nor more than pi rad away, so continuous joints stay within a half turn.
+    """
+    if action_scale is not None and not (0 < action_scale <= (1.0 if spec.control_mode == "torque" else math.pi)):
+        unit = "a fraction of the effort limit in (0, 1]" if spec.control_mode == "torque" else "rad in (0, pi]"
+        raise SpecError(
+            f"{spec.source}: action_scale: expected {unit} for a {spec.control_mode} robot, got {action_scale}"
+        )
     if spec.control_mode == "torque":
-        scale = spec.array("effort_limit")
+        scale = spec.array("effort_limit") * (1.0 if action_scale is None else action_scale)
         return scale, np.zeros_like(scale)
     default = spec.array("default_position")
     limits = spec.array("position_limits")
-    scale = np.minimum(np.minimum(limits[:, 1] - default, default - limits[:, 0]), math.pi)
+    reach = math.pi if action_scale is None else action_scale
+    scale = np.minimum(np.minimum(limits[:, 1] - default, default - limits[:, 0]), reach)
     return scale, default
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import mujoco
 import torch
 
+from q2real.configs.loader import ConfigError
 from q2real.hardware import RobotSpec
 from q2real.hardware.action import action_mapping, command_from_action
 from q2real.hardware.spec import SpecError, actuator_for_joint
@@ -21,14 +22,20 @@ class TaskConfig:
 
     episode_length: int = 1000
     """Control steps before an episode is truncated."""
+    action_scale: float | None = None
+    """How far an action of 1 reaches (`q2real.hardware.action.action_mapping`): rad around the default
+    pose for position-controlled robots, a fraction of the effort limit for torque-controlled ones;
+    None: the whole range (the nearer position limit, the whole effort limit). The bundle carries the
+    resulting per-joint scale, so shield and gate map actions as the task did."""
 
 
 class Task(ABC):
     """Observation, reward, cost, termination and reset distribution of one task on one robot.
 
-    Actions in [-1, 1] are mapped to joint commands from the robot spec alone
-    (`command_offset + command_scale * action`): torque-controlled joints get `action * effort_limit`,
-    position-controlled joints get a target around the default pose scaled to the position limits.
+    Actions in [-1, 1] are mapped to joint commands from the robot spec and the task's `action_scale`
+    (`command_offset + command_scale * action`): torque-controlled joints get a fraction of
+    `action * effort_limit`, position-controlled joints a target around the default pose, at most
+    `action_scale` rad and the nearer position limit away.
     """
 
     robot: str
@@ -60,7 +67,10 @@ class Task(ABC):
         limits = torch.tensor(spec.array("position_limits"), dtype=torch.float32, device=device)
         self.joint_low, self.joint_high = limits[:, 0], limits[:, 1]
         self.default_pose = torch.tensor(spec.array("default_position"), dtype=torch.float32, device=device)
-        scale, offset = action_mapping(spec)
+        try:
+            scale, offset = action_mapping(spec, config.action_scale)
+        except SpecError as err:
+            raise ConfigError(f"env.task_params.action_scale: {err}") from err
         self.command_scale = torch.tensor(scale, dtype=torch.float32, device=device)
         self.command_offset = torch.tensor(offset, dtype=torch.float32, device=device)
         # MuJoCo ctrl is the command divided by the actuator gear (1 for position actuators).

@@ -6,8 +6,9 @@ base frame) is the task's command. Observation terms: `joint_position` (7), `joi
 position comes from forward kinematics of the arm's model, the cube's from a tracker publishing
 `object_pose` in the robot's base frame (`world` here: the arm stands at the origin) and the target
 from the command input.
-Reward in [0, 1] per step: (reach + 4 push) / 5 with reach = 1 - tanh(|pusher - cube| / scale) and
-push = 1 - tanh(|cube_xy - target| / scale). No terminal states.
+Reward in [0, 1] per step: (reach + w push) / (1 + w), w = `push_weight` (4), with
+reach = 1 - tanh(|pusher - cube| / scale) and push = 1 - tanh(|cube_xy - target| / scale).
+No terminal states.
 Reset: home pose plus joint noise, cube uniform in a box in front of the robot, target uniform in a
 larger box.
 """
@@ -35,6 +36,8 @@ class ArmPushConfig(TaskConfig):
     target_low: tuple[float, float] = (0.35, -0.3)
     target_high: tuple[float, float] = (0.7, 0.3)
     distance_scale: float = 0.1
+    push_weight: float = 4.0
+    """Weight of the cube-to-target term against the pusher-to-cube term (weight 1)."""
     joint_noise: float = 0.05
 
 
@@ -124,4 +127,5 @@ class ArmPush(Task):
         scale = self.config.distance_scale
         reach = 1 - torch.tanh((physics.sensordata[:, self._ee] - cube).norm(dim=-1) / scale)
         push = 1 - torch.tanh((cube[:, :2] - self.command).norm(dim=-1) / scale)
-        return (reach + 4 * push) / 5
+        weight = self.config.push_weight
+        return (reach + weight * push) / (1 + weight)

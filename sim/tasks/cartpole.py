@@ -29,6 +29,10 @@ class CartpoleConfig(TaskConfig):
     """Distance (m) from the rail's limit at which the episode terminates."""
     cost_fraction: float = 0.75
     """Fraction of the rail limit beyond which each step costs 1."""
+    cart_margin: float = 2.0
+    """Cart offset (m) at which the centred factor falls to its floor."""
+    pole_velocity_margin: float = 5.0
+    """Pole speed (rad/s) at which the small-velocity factor falls to its floor."""
 
 
 class CartpoleSwingup(Task):
@@ -66,9 +70,10 @@ class CartpoleSwingup(Task):
 
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         upright = (torch.cos(physics.qpos[:, self._pole_q]) + 1) / 2
-        centered = (1 + tolerance(physics.qpos[:, self._cart_q], (0.0, 0.0), 2.0)) / 2
+        c = self.config
+        centered = (1 + tolerance(physics.qpos[:, self._cart_q], (0.0, 0.0), c.cart_margin)) / 2
         small_control = (4 + tolerance(action[:, 0], (0.0, 0.0), 1.0)) / 5
-        small_velocity = (1 + tolerance(physics.qvel[:, self._pole_v], (0.0, 0.0), 5.0)) / 2
+        small_velocity = (1 + tolerance(physics.qvel[:, self._pole_v], (0.0, 0.0), c.pole_velocity_margin)) / 2
         return upright * centered * small_control * small_velocity
 
     def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,8 @@ class GR1StandConfig(FloatingBaseConfig):
     """Height error (m) at which the height factor falls to 0.1."""
     tilt_margin: float = 0.5
     """Tilt (rad) at which the upright factor falls to 0.1."""
+    motion_margin: float = 2.0
+    """Base angular speed (rad/s) at which the small-motion factor falls to its floor (0.55)."""
 
 
 class GR1Stand(FloatingBaseTask):
@@ -52,5 +54,5 @@ class GR1Stand(FloatingBaseTask):
         upright = tolerance(tilt, (0.0, 0.05), c.tilt_margin)
         height = tolerance(self.base_height(physics), (0.95 * self.height, 1.05 * self.height), c.height_margin)
         motion = self.base_angular_velocity(physics).norm(dim=-1)
-        still = (1 + tolerance(motion, (0.0, 0.0), 2.0)) / 2
+        still = (1 + tolerance(motion, (0.0, 0.0), c.motion_margin)) / 2
         return upright * height * still

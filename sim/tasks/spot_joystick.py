@@ -9,7 +9,7 @@ sim-to-real policies: a robot has it only from a state estimator whose drift the
 training; the reward still uses the simulator's true velocity.
 Reward per step (MuJoCo Playground's joystick terms without the gait shaping):
 exp(-|v_xy - cmd_xy|^2 / sigma) + 0.5 exp(-(w_z - cmd_wz)^2 / sigma) - 2 v_z^2 - 0.05 |w_xy|^2
-- 1 |g_xy|^2 (tilt), where g is the projected gravity.
+- 1 |g_xy|^2 (tilt), where g is the projected gravity (the weights are config fields).
 Terminated when the base falls below `fall_height` of its standing height or tilts past `max_tilt`.
 Reset: default stance at standing height, random heading, joint noise.
 """
@@ -32,6 +32,13 @@ class SpotJoystickConfig(FloatingBaseConfig):
     yaw_rate: tuple[float, float] = (-1.0, 1.0)
     tracking_sigma: float = 0.25
     """Squared-error scale of the tracking rewards."""
+    yaw_tracking_weight: float = 0.5
+    vertical_velocity_weight: float = 2.0
+    """Penalty per (m/s)^2 of base velocity along z."""
+    roll_pitch_rate_weight: float = 0.05
+    """Penalty per (rad/s)^2 of base angular velocity about x and y."""
+    tilt_weight: float = 1.0
+    """Penalty per unit |g_xy|^2 of the projected gravity (0 upright)."""
 
 
 class SpotJoystick(FloatingBaseTask):
@@ -66,8 +73,12 @@ class SpotJoystick(FloatingBaseTask):
             self.base_angular_velocity(physics),
             self.projected_gravity(physics),
         )
-        sigma = self.config.tracking_sigma
-        linear = torch.exp(-((v[:, :2] - self.command[:, :2]) ** 2).sum(-1) / sigma)
-        angular = torch.exp(-((w[:, 2] - self.command[:, 2]) ** 2) / sigma)
-        penalties = 2.0 * v[:, 2] ** 2 + 0.05 * (w[:, :2] ** 2).sum(-1) + (g[:, :2] ** 2).sum(-1)
-        return linear + 0.5 * angular - penalties
+        c = self.config
+        linear = torch.exp(-((v[:, :2] - self.command[:, :2]) ** 2).sum(-1) / c.tracking_sigma)
+        angular = torch.exp(-((w[:, 2] - self.command[:, 2]) ** 2) / c.tracking_sigma)
+        penalties = (
+            c.vertical_velocity_weight * v[:, 2] ** 2
+            + c.roll_pitch_rate_weight * (w[:, :2] ** 2).sum(-1)
+            + c.tilt_weight * (g[:, :2] ** 2).sum(-1)
+        )
+        return linear + c.yaw_tracking_weight * angular - penalties

@@ -20,7 +20,7 @@ os.environ.setdefault("FASTRTPS_DEFAULT_PROFILES_FILE", FAST_DDS_LOOPBACK)
 _domains = itertools.count(100 + os.getpid() % 50)
 
 
-def export_fresh_agent(task: str, output: Path) -> Path:
+def export_fresh_agent(task: str, output: Path, task_params: dict | None = None) -> Path:
     """A bundle of an untrained agent: real graph and metadata, arbitrary actions."""
     from q2real.agents.config import TrainConfig
     from q2real.agents.export import write_bundle
@@ -28,7 +28,8 @@ def export_fresh_agent(task: str, output: Path) -> Path:
     from q2real.sim import make
 
     config = TrainConfig()
-    config = dataclasses.replace(config, env=dataclasses.replace(config.env, task=task, num_envs=1, device="cpu"))
+    env_config = dataclasses.replace(config.env, task=task, num_envs=1, device="cpu", task_params=task_params or {})
+    config = dataclasses.replace(config, env=env_config)
     env = make(config.env)
     try:
         return write_bundle(config, env, build_agent(config, env), 0, output)

@@ -42,3 +42,39 @@ def test_the_inverse_undoes_the_mapping_on_numpy_and_torch() -> None:
     np.testing.assert_allclose(action_from_command(command, scale, offset), [[0.5, 0.0, -1.0]])  # scale 0 reads 0
     as_torch = action_from_command(torch.tensor(command), torch.tensor(scale), torch.tensor(offset))
     np.testing.assert_allclose(as_torch.numpy(), [[0.5, 0.0, -1.0]])
+
+
+@pytest.mark.parametrize(
+    ("task", "action_scale"), [("panda_reach", 0.5), ("spot_joystick", 0.25), ("pendulum_swingup", 0.5)]
+)
+def test_a_tasks_action_scale_reaches_the_bundle_the_node_and_the_gate(
+    task: str, action_scale: float, tmp_path
+) -> None:
+    """One mapping: the task's `action_scale` sets the env's scale, the bundle carries it, and the node's
+    shield and the gate's shield map actions with it; commands stay inside the limits."""
+    from q2real.deploy_ros.node import PolicyNode
+    from tests.deploy_ros.conftest import export_fresh_agent
+
+    env = make(task=task, num_envs=1, backend="mujoco", device="cpu", task_params={"action_scale": action_scale})
+    spec = env.task.spec
+    full, offset = action_mapping(spec)
+    scale = env.task.command_scale.double().numpy()
+    env.close()
+    expected = full * action_scale if spec.control_mode == "torque" else np.minimum(full, action_scale)
+    np.testing.assert_allclose(scale, expected, rtol=1e-6)
+    assert (scale < full).any(), "the scale must change the mapping for this test to mean anything"
+    bundle = export_fresh_agent(task, tmp_path / "b.onnx", task_params={"action_scale": action_scale})
+    node = PolicyNode(bundle)
+    np.testing.assert_allclose(node.shield.scale, scale, rtol=1e-6)
+    np.testing.assert_allclose(node.shield.offset, offset, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("robot", "value"), [("pendulum", 1.5), ("pendulum", 0.0), ("panda", 4.0), ("panda", -0.1)])
+def test_an_action_scale_outside_its_range_is_refused(robot: str, value: float) -> None:
+    with pytest.raises(ValueError, match="action_scale: expected"):
+        action_mapping(robot_spec(robot), value)
+
+
+def test_a_bad_action_scale_in_a_task_config_names_the_key() -> None:
+    with pytest.raises(ValueError, match=r"env.task_params.action_scale: .*robot.yaml: action_scale: expected rad"):
+        make(task="panda_reach", num_envs=1, backend="mujoco", device="cpu", task_params={"action_scale": 5.0})
