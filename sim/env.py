@@ -7,9 +7,12 @@ import torch
 from q2real.configs.errors import MissingDependency
 from q2real.configs.loader import ConfigError, merge
 from q2real.hardware import robot_spec
+from q2real.hardware.action import action_from_command
+from q2real.safety.shield import ShieldConfig
 from q2real.sim.config import EnvConfig, resolve_backend, resolve_device
 from q2real.sim.physics import PhysicsBackend
 from q2real.sim.randomization import sample_model_fields
+from q2real.sim.shield_clamps import ShieldClamps
 from q2real.sim.task import Task
 from q2real.sim.vec_env import StepResult, VecEnv
 
@@ -57,6 +60,10 @@ class TaskEnv(VecEnv):
         self.action_scale, self.action_offset = self.task.command_scale, self.task.command_offset
         self.control_period = spec.control_period
         self._action_queue = torch.zeros(n, hi + 1, self.action_dim, device=self.device)
+        self._clamps = None
+        if config.shield_in_loop:
+            scale, offset = self.action_scale, self.action_offset
+            self._clamps = ShieldClamps(spec, ShieldConfig(), scale, offset, n, self.device)
         self._steps = torch.zeros(n, dtype=torch.long, device=self.device)
         self._rows = torch.arange(n, device=self.device)
         self.reset_every_step = self.device.type != "cpu"
@@ -116,6 +123,8 @@ class TaskEnv(VecEnv):
         self._steps.zero_()
         self._since_push.zero_()
         self._action_queue.zero_()
+        if self._clamps is not None:
+            self._clamps.reset(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         return self._noisy(self.task.observe(physics))
 
     def step(self, action: torch.Tensor) -> StepResult:
@@ -124,6 +133,14 @@ class TaskEnv(VecEnv):
             self._action_queue = torch.roll(self._action_queue, 1, dims=1)
             self._action_queue[:, 0] = applied
             applied = self._action_queue[self._rows, self._latency]
+        info: dict[str, torch.Tensor] = {}
+        if self._clamps is not None:
+            # What the robot's shield would send for this action in this state, back in action units:
+            # the actuators, the reward and the cost all see the clamped action.
+            task, before = self.task, self.physics
+            q, qd = before.qpos[:, task.qpos_index], before.qvel[:, task.qvel_index]
+            command, info["shield_rules"] = self._clamps(applied, q, qd)
+            applied = action_from_command(command, self.action_scale, self.action_offset)
         physics = self.backend.step(self.task.action_to_ctrl(applied), self._push() if self._pushes else None)
         true_obs = self.task.observe(physics)
         diverged = ~torch.isfinite(true_obs).all(dim=-1)
@@ -138,13 +155,15 @@ class TaskEnv(VecEnv):
             terminated=terminated,
             truncated=truncated,
             cost=self.task.cost(physics, applied),
-            info={"physics_diverged": diverged},
+            info={"physics_diverged": diverged, **info},
         )
         done = result.done
         if self.reset_every_step or done.any():
             physics = self.backend.set_state(*self._initial(done))
             self._steps[done] = 0
             self._action_queue[done] = 0.0
+            if self._clamps is not None:
+                self._clamps.reset(done)
             result.obs = torch.where(done[:, None], self._noisy(self.task.observe(physics)), next_obs)
         self.physics = physics
         return result
@@ -157,7 +176,7 @@ class TaskEnv(VecEnv):
             "generator": self._gen.get_state(),
             "command": self.task.command.cpu(),
             "pushes": torch.stack([self._since_push, self._push_gap]).cpu(),
-        }
+        } | ({"shield_previous": self._clamps.previous.cpu()} if self._clamps is not None else {})
 
     def load_state_dict(self, state: dict) -> None:
         self.backend.load_full_state(state["physics"])
@@ -167,6 +186,8 @@ class TaskEnv(VecEnv):
         self.task.command = state["command"].to(self.device)
         self._since_push.copy_(state["pushes"][0])
         self._push_gap.copy_(state["pushes"][1])
+        if self._clamps is not None:
+            self._clamps.previous = state["shield_previous"].to(self.device)
 
     def close(self) -> None:
         self.backend.close()

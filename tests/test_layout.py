@@ -22,7 +22,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "configs": set(),
     "hardware": {"configs"},
     "safety": {"configs", "hardware"},
-    "sim": {"configs", "hardware"},
+    "sim": {"configs", "hardware", "safety"},
     "agents": {"configs", "hardware", "sim", BUNDLE_SCHEMA},
     "residual": {"configs", "hardware", "sim", "agents", BUNDLE_SCHEMA},
     "deploy_ros": {"configs", "hardware", "safety"},
@@ -78,6 +78,7 @@ def test_the_rules_reject_an_arrow_that_points_up() -> None:
     assert not allowed("agents", "deploy_ros.bundle")
     assert allowed("agents", "deploy_ros.schema")
     assert not allowed("safety", "sim")
+    assert not allowed("sim", "deploy_ros.node")
     assert allowed("gate", "deploy_ros.session")
     assert not allowed("deploy_ros", "sim.registry", "deploy_ros.node")
     assert allowed("deploy_ros", "sim.registry", "deploy_ros.sim_robot")

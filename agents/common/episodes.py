@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from q2real.sim.shield_clamps import RULES
 from q2real.sim.vec_env import StepResult
 
 
@@ -19,6 +20,11 @@ class EpisodeTracker:
         self._success_running = torch.zeros(num_envs, device=device)
         self._success_finished = torch.zeros((), device=device)
         self._reports_success = False
+        # With the shield's clamps in the loop (`info["shield_rules"]`): per rule, the fraction of an
+        # episode's actions it changed, summed over finished episodes.
+        self._rules_running = torch.zeros(len(RULES), num_envs, device=device)
+        self._rules_finished = torch.zeros(len(RULES), device=device)
+        self._reports_rules = False
 
     def update(self, result: StepResult) -> None:
         self._running += torch.stack([result.reward, result.cost, torch.ones_like(result.reward)])
@@ -30,6 +36,11 @@ class EpisodeTracker:
             self._success_running = torch.maximum(self._success_running, result.info["success"].float())
             self._success_finished += (self._success_running * done).sum()
             self._success_running *= 1.0 - done
+        if "shield_rules" in result.info:
+            self._reports_rules = True
+            self._rules_running += result.info["shield_rules"].T.float()
+            self._rules_finished += (self._rules_running / self._running[2] * done).sum(dim=1)
+            self._rules_running *= 1.0 - done
         self._running *= 1.0 - done
 
     def pop(self) -> dict[str, float]:
@@ -41,6 +52,10 @@ class EpisodeTracker:
         means = {"episode_return": ret, "episode_cost": cost, "episode_length": length, "episodes": count}
         if self._reports_success:
             means["episode_success"] = float(self._success_finished) / count
+        if self._reports_rules:
+            fractions = (self._rules_finished / count).tolist()
+            means |= {f"shield_{rule.lower()}": value for rule, value in zip(RULES, fractions, strict=True)}
+            self._rules_finished.zero_()
         self._finished.zero_()
         self._count.zero_()
         self._success_finished.zero_()
@@ -54,6 +69,9 @@ class EpisodeTracker:
             "success_running": self._success_running,
             "success_finished": self._success_finished,
             "reports_success": torch.tensor(self._reports_success),
+            "rules_running": self._rules_running,
+            "rules_finished": self._rules_finished,
+            "reports_rules": torch.tensor(self._reports_rules),
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -63,3 +81,7 @@ class EpisodeTracker:
         self._success_running.copy_(state["success_running"])
         self._success_finished.copy_(state["success_finished"])
         self._reports_success = bool(state["reports_success"])
+        if "rules_running" in state:  # checkpoints from before the shield's clamps were logged lack them
+            self._rules_running.copy_(state["rules_running"])
+            self._rules_finished.copy_(state["rules_finished"])
+            self._reports_rules = bool(state["reports_rules"])

@@ -46,8 +46,9 @@ def counting_reads():
             setattr(torch.Tensor, name, original)
 
 
-def trainer(tmp_path: Path, algo: str, sampler: str) -> Trainer:
+def trainer(tmp_path: Path, algo: str, sampler: str, extra: tuple[str, ...] = ()) -> Trainer:
     overrides = [
+        *extra,
         f"algo={algo}",
         f"{algo}.actor_hidden=[16]",
         f"{algo}.critic_hidden=[16]",
@@ -69,10 +70,19 @@ def trainer(tmp_path: Path, algo: str, sampler: str) -> Trainer:
 
 @pytest.mark.parametrize(
     ("algo", "sampler"),
-    [("sac", "uniform"), ("td3", "uniform"), ("flashsac", "uniform"), ("sac", "prioritized"), ("td3", "dspear")],
+    [
+        ("sac", "uniform"),
+        ("td3", "uniform"),
+        ("flashsac", "uniform"),
+        ("sac", "prioritized"),
+        ("td3", "dspear"),
+        ("sac", "shield"),
+    ],
 )
 def test_collection_and_updates_never_read_a_tensor_back(tmp_path: Path, algo: str, sampler: str) -> None:
-    run = trainer(tmp_path, algo, sampler)
+    # "shield": the robot's clamps in the loop (on Panda, where every rule has joints to act on).
+    extra = ("env.shield_in_loop=true", "env.task=panda_reach") if sampler == "shield" else ()
+    run = trainer(tmp_path, algo, "uniform" if sampler == "shield" else sampler, extra)
     run.env.reset_every_step = True  # the GPU's auto-reset path, on this CPU
     try:
         for _ in range(40):  # past the warm-up, so updates run
@@ -88,7 +98,7 @@ def test_collection_and_updates_never_read_a_tensor_back(tmp_path: Path, algo: s
         # The window's one read-back still sees everything.
         metrics = run.pop_update_metrics()
         assert "critic_loss" in metrics and "actor_loss" in metrics
-        if sampler != "uniform":
+        if sampler not in ("uniform", "shield"):
             assert 0 < metrics["replay/prioritized_fraction"] <= 1 and metrics["replay/beta"] > 0
     finally:
         run.env.close()
