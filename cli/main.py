@@ -173,8 +173,10 @@ def _transfer(args: argparse.Namespace) -> int:
         args.run_dir, backend=args.backend, episodes=args.episodes, seed=args.seed, only=args.only, ros=args.ros
     )
     print(
-        f"return as trained {report['reference_return']:.2f}; transfer_ratio_in_range "
-        f"{report['transfer_ratio_in_range']:.3f}; table {args.run_dir}/transfer.json, plot {args.run_dir}/transfer.png"
+        f"return as trained {report['reference_return']:.2f} (no shield {report['unshielded_return']:.2f}); "
+        f"transfer_ratio_in_range {report['transfer_ratio_in_range']:.3f}, lowest in-range interval bound "
+        f"{report['transfer_ratio_in_range_lower']}; table {args.run_dir}/transfer.json, "
+        f"plot {args.run_dir}/transfer.png"
     )
     return 0
 

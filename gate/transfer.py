@@ -73,6 +73,25 @@ class Row:
     mean: float
     std: float
     ratio: float
+    low: float | None = None
+    """2.5th percentile of the ratio over episode resamples paired with the reference's (None: one episode)."""
+    high: float | None = None
+
+
+BOOTSTRAP = 2000
+
+
+def ratio_interval(returns: torch.Tensor, reference: torch.Tensor, seed: int = 0) -> tuple[float | None, float | None]:
+    """95 % paired bootstrap interval of mean(returns) / mean(reference): episode i of a row ran from the
+    same reset state as episode i of the reference, so both are resampled with the same indices."""
+    n = len(returns)
+    if n < 2:
+        return None, None
+    gen = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, n, (BOOTSTRAP, n), generator=gen)
+    ratios = returns.double()[index].mean(1) / reference.double()[index].mean(1)
+    low, high = torch.quantile(ratios, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return low, high
 
 
 def _trained(config: RandomizationConfig, field: str) -> bool:
@@ -125,8 +144,9 @@ def in_training_return(run_dir: Path) -> float:
     return float(evals[-1])
 
 
-def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int) -> torch.Tensor:
-    """Return of the first episode of every env, acting with the bundle through one shield per env.
+def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bool = True) -> torch.Tensor:
+    """Return of the first episode of every env, acting with the bundle through one shield per env
+    (`shielded=False`: the bundle's actions straight to the env, as trained without a shield).
 
     Each env gets the shield a robot would run (rebuilt from the bundle's metadata), started directly
     in RUN from the task's reset state; what reaches the simulator is the shield's command, mapped back
@@ -160,6 +180,9 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int) -> torch.Ten
         q, qd = _joints(task, physics)
         commanded = np.empty_like(actions)
         for i, shield in enumerate(shields):
+            if not shielded:
+                commanded[i] = actions[i]
+                continue
             command = shield.tick(names, q[i], qd[i], t, t, actions[i], 0.0)
             value = command.effort if shield.torque else command.position
             commanded[i] = action_from_command(value, scale, offset)
@@ -212,29 +235,35 @@ def run_gate(
             raise GateError(f"--only: unknown rows {unknown}; this run's rows: {[p.name for p in rows_wanted]}")
         rows_wanted = [p for p in rows_wanted if p.name in only]
 
-    def returns_on(on: str, randomization: RandomizationConfig) -> torch.Tensor:
+    def returns_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> torch.Tensor:
         env = make_task(
             dataclasses.replace(
                 config.env, backend=on, device="cpu", num_envs=episodes, seed=seed, randomization=randomization
             )
         )
         try:
-            return shielded_returns(bundle, env, seed)
+            return shielded_returns(bundle, env, seed, shielded)
         finally:
             env.close()
 
     # The reference: the same bundle and shield on the very episodes of every row, as in training
     # (trained backend, trained randomization), so row ratios are paired, not two noisy means.
-    reference = float(returns_on(trained_backend, config.env.randomization).mean())
+    reference_returns = returns_on(trained_backend, config.env.randomization)
+    reference = float(reference_returns.mean())
     progress(f"  {'as trained':<24} {'reference':<9} return {reference:9.2f}   (logged evaluation {logged:.2f})")
+    # What the shield costs: the same episodes with the bundle's actions unshielded.
+    unshielded = float(returns_on(trained_backend, config.env.randomization, shielded=False).mean())
+    progress(f"  {'as trained, no shield':<24} {'':<9} return {unshielded:9.2f}   ratio {unshielded / reference:6.3f}")
     rows: list[Row] = []
     for p in rows_wanted:
         returns = returns_on(backend, p.randomization)
-        row = Row(p.name, p.in_range, float(returns.mean()), float(returns.std()), float(returns.mean()) / reference)
+        mean = float(returns.mean())
+        low, high = ratio_interval(returns, reference_returns)
+        row = Row(p.name, p.in_range, mean, float(returns.std()), mean / reference, low, high)
         rows.append(row)
         progress(
             f"  {row.name:<24} {'in range' if row.in_range else 'beyond':<9} return {row.mean:9.2f} "
-            f"+- {row.std:7.2f}   ratio {row.ratio:6.3f}"
+            f"+- {row.std:7.2f}   ratio {row.ratio:6.3f} {_interval(row)}"
         )
     if ros:
         from q2real.gate.ros import ros_return
@@ -250,14 +279,20 @@ def run_gate(
         "gate_backend": backend,
         "episodes": episodes,
         "reference_return": reference,
+        "unshielded_return": unshielded,
         "in_training_return": logged,
         "rows": [dataclasses.asdict(r) for r in rows],
         "transfer_ratio_in_range": together[0].ratio if together else None,
         "min_ratio_in_range": min((r.ratio for r in rows if r.in_range), default=None),
+        "transfer_ratio_in_range_lower": min((r.low for r in rows if r.in_range and r.low is not None), default=None),
     }
     (run_dir / "transfer.json").write_text(json.dumps(report, indent=2))
     _plot(report, run_dir / "transfer.png")
     return report
+
+
+def _interval(row: Row) -> str:
+    return "" if row.low is None or row.high is None else f"[{row.low:.3f}, {row.high:.3f}]"
 
 
 def _plot(report: dict, path: Path) -> None:
@@ -269,7 +304,12 @@ def _plot(report: dict, path: Path) -> None:
     rows = report["rows"]
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.2))
     colors = ["tab:green" if r["in_range"] else "tab:orange" for r in rows]
-    ax.barh([r["name"] for r in rows][::-1], [r["ratio"] for r in rows][::-1], color=colors[::-1])
+    ratios = [r["ratio"] for r in rows][::-1]
+    errors = [
+        [max(r["ratio"] - r["low"], 0.0) if r["low"] is not None else 0.0 for r in rows][::-1],
+        [max(r["high"] - r["ratio"], 0.0) if r["high"] is not None else 0.0 for r in rows][::-1],
+    ]
+    ax.barh([r["name"] for r in rows][::-1], ratios, color=colors[::-1], xerr=errors, capsize=2)
     ax.axvline(1.0, color="k", lw=0.8)
     ax.axvline(0.9, color="k", lw=0.8, ls="--")
     ax.set_xlabel(f"return / return as trained ({report['reference_return']:.1f}, same episodes)")

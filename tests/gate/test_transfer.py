@@ -13,7 +13,7 @@ import yaml
 
 from q2real.agents.callbacks import evaluate
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.gate.transfer import GateError, perturbations, run_gate, shielded_returns
+from q2real.gate.transfer import GateError, perturbations, ratio_interval, run_gate, shielded_returns
 from q2real.sim import RandomizationConfig, make
 
 
@@ -81,6 +81,10 @@ def test_gate_refuses_a_run_without_evaluations(tmp_path: Path, pendulum_run: Pa
     report = run_gate(run, backend="mujoco", episodes=3, only=["nominal"], progress=lambda _: None)
     # Same backend, no perturbation, same episodes: the row is the reference itself.
     assert report["rows"][0]["ratio"] == pytest.approx(1.0) and report["in_training_return"] == 1.0
+    assert report["rows"][0]["low"] == pytest.approx(1.0) and report["transfer_ratio_in_range_lower"] == pytest.approx(
+        1.0
+    )
+    assert math.isfinite(report["unshielded_return"])  # the same episodes without the shield
 
 
 def test_perturbation_values_are_valid_randomization_configs() -> None:
@@ -118,3 +122,13 @@ def test_the_ros_row_runs_legged_tasks_through_imu_and_cmd_vel(task: str, tmp_pa
         assert 0.0 < ros["mean"] <= 100.0
     else:
         assert ros["mean"] <= 150.0
+
+
+def test_the_ratio_interval_pairs_each_episode_with_its_reference() -> None:
+    """Paired episodes: a row that keeps 80 % of every episode's return has the interval [0.8, 0.8], however
+    different the episodes are; the same returns unpaired from their episodes spread the interval out."""
+    reference = torch.linspace(10.0, 100.0, 16)
+    assert ratio_interval(0.8 * reference, reference) == pytest.approx((0.8, 0.8))
+    low, high = ratio_interval(0.8 * reference.flip(0), reference)
+    assert low < 0.7 and high > 0.9
+    assert ratio_interval(torch.ones(1), torch.ones(1)) == (None, None)
