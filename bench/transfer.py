@@ -98,6 +98,7 @@ def main() -> None:
     headline = {
         "transfer_ratio_in_range": round(results["panda_reach"]["transfer_ratio_in_range"], 3),
         "min_ratio_in_range": round(results["panda_reach"]["min_ratio_in_range"], 3),
+        "transfer_ratio_in_range_lower": round(results["panda_reach"]["transfer_ratio_in_range_lower"], 3),
         "reach_return_as_trained": round(results["panda_reach"]["reference_return"], 2),
     }
     if "spot_joystick" in results:
