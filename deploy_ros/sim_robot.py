@@ -285,9 +285,6 @@ class SimRobot:
         elif fresh:
             self.data.ctrl[actuators] = self._command
 
-    def state_message(self) -> msg.JointState:
-        return self.world.joint_state(stamp_now(msg))
-
     def run(self, stop: threading.Event, duration: float | None = None, parent: int | None = None) -> None:
         """Publish each stream when due, apply the newest command each period and step, in real time.
 
