@@ -238,7 +238,13 @@ def run_gate(
     def returns_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> torch.Tensor:
         env = make_task(
             dataclasses.replace(
-                config.env, backend=on, device="cpu", num_envs=episodes, seed=seed, randomization=randomization
+                config.env,
+                backend=on,
+                device="cpu",
+                num_envs=episodes,
+                seed=seed,
+                randomization=randomization,
+                shield_in_loop=False,  # the robot's own shields, one per env, stand in for it
             )
         )
         try:

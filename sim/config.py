@@ -25,10 +25,11 @@ class EnvConfig:
     task_params: dict[str, Any] = field(default_factory=dict)
     """Task settings (see `q2real envs --task NAME`), or keyword arguments for a gymnasium/playground env."""
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
-    shield_in_loop: bool = False
+    shield_in_loop: bool | None = None
     """Pass every action through the shield's deterministic clamps (`q2real.sim.shield_clamps`: clip,
     soft limits, the rate limit on the previous target, effort feasibility) at their defaults, so the
-    policy learns under the rules the robot's shield will apply; q2real tasks only."""
+    policy learns under the rules the robot's shield will apply. None: on for q2real tasks (each runs
+    on a robot spec and deploys behind the shield), off for adapters; true on an adapter is an error."""
 
 
 def resolve_device(name: str) -> torch.device:

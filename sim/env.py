@@ -61,7 +61,7 @@ class TaskEnv(VecEnv):
         self.control_period = spec.control_period
         self._action_queue = torch.zeros(n, hi + 1, self.action_dim, device=self.device)
         self._clamps = None
-        if config.shield_in_loop:
+        if config.shield_in_loop is not False:
             scale, offset = self.action_scale, self.action_offset
             self._clamps = ShieldClamps(spec, ShieldConfig(), scale, offset, n, self.device)
         self._steps = torch.zeros(n, dtype=torch.long, device=self.device)

@@ -31,6 +31,9 @@ CUBE_HALF_SIZE = 0.025
 @dataclass
 class ArmPushConfig(TaskConfig):
     episode_length: int = 200
+    action_scale: float | None = 1.0
+    """rad around the home pose, as for reaching: clamped IK reaches as much of the floor under the
+    target box as with the whole joint range."""
     cube_low: tuple[float, float] = (0.4, -0.15)
     cube_high: tuple[float, float] = (0.6, 0.15)
     target_low: tuple[float, float] = (0.35, -0.3)

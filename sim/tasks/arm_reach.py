@@ -40,6 +40,9 @@ def sensor_slice(model: mujoco.MjModel, name: str) -> slice:
 @dataclass
 class ArmReachConfig(TaskConfig):
     episode_length: int = 100
+    action_scale: float | None = 1.0
+    """rad around the home pose: every target of the box the whole joint range reaches stays reachable
+    (measured: 95 % within 2 cm by clamped IK, as with the whole range; 0.5 rad reaches 76 %)."""
     target_low: tuple[float, float, float] = (0.3, -0.3, 0.2)
     """Lower corner (m) of the target box in the base frame."""
     target_high: tuple[float, float, float] = (0.6, 0.3, 0.6)

@@ -28,6 +28,9 @@ def quat_rotate_inverse(quat: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class FloatingBaseConfig(TaskConfig):
+    action_scale: float | None = 0.5
+    """rad around the default pose, the scale legged position policies train with (MuJoCo Playground,
+    Isaac Lab): a gait, not a jump across the joint range."""
     joint_noise: float = 0.05
     """Std (rad) of the Gaussian noise on the default joint pose at reset."""
     fall_height: float = 0.6

@@ -12,18 +12,23 @@ from q2real.safety.shield import Shield, ShieldConfig
 from q2real.sim import make
 
 TASKS = {"pendulum": "pendulum_swingup", "panda": "panda_reach", "spot": "spot_joystick"}
+DEFAULT_SCALES = {"pendulum": None, "panda": 1.0, "spot": 0.5}
+"""Each task's documented default: torque tasks the whole effort range, position tasks rad."""
 
 
 @pytest.mark.parametrize("robot", sorted(TASKS))
 def test_task_and_shield_map_actions_as_the_spec_says(robot: str) -> None:
     spec = robot_spec(robot)
-    scale, offset = action_mapping(spec)
     env = make(task=TASKS[robot], num_envs=1, backend="mujoco", device="cpu")
     try:
+        assert env.task.config.action_scale == DEFAULT_SCALES[robot]
+        scale, offset = action_mapping(spec, DEFAULT_SCALES[robot])
         np.testing.assert_allclose(env.task.command_scale.numpy(), scale, rtol=1e-6)
         np.testing.assert_allclose(env.task.command_offset.numpy(), offset, rtol=1e-6)
     finally:
         env.close()
+    # A shield configured without a bundle maps over the whole range.
+    scale, offset = action_mapping(spec)
     shield = Shield(spec, ShieldConfig())
     np.testing.assert_array_equal(shield.scale, scale)
     np.testing.assert_array_equal(shield.offset, offset)
