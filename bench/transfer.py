@@ -1,21 +1,29 @@
-"""The transfer-gate table for policies trained here: Panda reach (headline) and Spot joystick locomotion.
+"""The transfer gate on policies trained here: Panda reach with and without the shield in the loop, a
+negative control trained without randomization, and optionally Spot joystick locomotion.
 
-Each policy is trained with SAC on the native MuJoCo backend under domain randomization (the
-"in range" perturbations), exported as a policy bundle and put through `q2real transfer`: the bundle,
-behind the safety shield, on MJX (the other backend) unperturbed, under each randomization effect at
-its training range and beyond it, all together, and through the ROS 2 node against the sim robot
-(Spot's through the base IMU and cmd_vel).
-Ratios are mean return over the return as trained (the same bundle and shield on the training backend
-with the training randomization, on the same episodes).
+Every policy is trained with SAC from its shipped preset (`sac_panda_reach`, `sac_spot_joystick`) on
+the native MuJoCo backend, exported as a policy bundle and put through `q2real transfer`: the bundle,
+behind the safety shield, under every perturbation the gate sizes for the robot, each ratio with its
+paired 95 % bootstrap interval, and through the ROS 2 node against the sim robot over 8 of the same
+episodes. The positive control and Spot are gated on MJX (the other backend), the two other Panda
+runs on native MuJoCo. The three Panda runs differ in one setting each:
 
-Prints both tables, writes bench/results/transfer.json (+ the gate plots) and prints the headline JSON
-as its last line: transfer_ratio_in_range is the reach policy's ratio with every in-range
-perturbation at once.
+- positive control: the preset (shield clamps in the loop, randomization covering every gate row);
+- no shield in the loop: the preset with `env.shield_in_loop=false`;
+- negative control: the preset with no randomization at all.
+
+Prints each gate table, writes bench/results/transfer.json (headline and every report; the gate plots
+beside it) and prints the headline
+JSON as its last line: transfer_ratio_in_range_lower (the positive control's lowest in-range interval
+bound), negative_control_fails (1 when the gate failed the un-randomized policy) and
+shield_intervention_rate_ratio (the shield's clamp interventions per tick on the ROS path for the
+policy trained without the shield in the loop over the one trained with it).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -26,84 +34,97 @@ from q2real.agents.config import TrainConfig
 from q2real.agents.train import train
 from q2real.configs.loader import load
 from q2real.gate.transfer import run_gate
+from q2real.sim import RandomizationConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
-REACH_DR = [
-    "env.randomization.mass_scale=[0.8,1.2]",
-    "env.randomization.damping_scale=[0.8,1.2]",
-    "env.randomization.kp_scale=[0.8,1.2]",
-    "env.randomization.kd_scale=[0.8,1.2]",
-    "env.randomization.com_offset=0.01",
-    "env.randomization.obs_noise_std=0.005",
-    "env.randomization.action_latency=[0,1]",
-    "env.randomization.push_force=[0.0,10.0]",
+NO_RANDOMIZATION = [
+    f"env.randomization.{f.name}={json.dumps(getattr(RandomizationConfig(), f.name))}".replace(" ", "")
+    for f in dataclasses.fields(RandomizationConfig)
 ]
-LOCOMOTION_DR = [
-    "env.randomization.mass_scale=[0.9,1.1]",
-    "env.randomization.friction_scale=[0.7,1.3]",
-    "env.randomization.kp_scale=[0.9,1.1]",
-    "env.randomization.obs_noise_std=0.01",
-]
-SAC = ["sac.actor_hidden=[256,256]", "sac.critic_hidden=[256,256]", "threads=2", "log.tensorboard=false"]
+REACH = {
+    "positive": [],
+    "no_shield_in_loop": ["env.shield_in_loop=false"],
+    "negative": NO_RANDOMIZATION,
+}
 
 
-def trained(task: str, steps: int, envs: int, randomization: list[str], root: Path) -> tuple[Path, float]:
-    overrides = [f"env.task={task}", f"env.num_envs={envs}", f"total_steps={steps}", "eval_every=10000"]
-    overrides += ["checkpoint_every=0", f"log.root={root}", f"log.name={task}", *SAC, *randomization]
+def trained(preset: str, name: str, overrides: list[str], root: Path, steps: int | None) -> tuple[Path, float]:
+    overrides = [f"log.root={root}", f"log.name={name}", *overrides]
+    if steps is not None:
+        overrides.append(f"total_steps={steps}")
     start = time.perf_counter()
-    trainer = train(load(TrainConfig, None, overrides))
+    trainer = train(load(TrainConfig, preset, overrides))
     return trainer.path, time.perf_counter() - start
 
 
 def table(report: dict) -> None:
-    print(f"{'row':<26} {'':<9} {'return':>9} {'+-':>7} {'ratio':>7}")
+    print(f"{'row':<22} {'':<9} {'return':>9} {'ratio':>7} {'95 % interval':>16} {'verdict':>8}  magnitude")
     for r in report["rows"]:
         kind = "in range" if r["in_range"] else "beyond"
-        print(f"{r['name']:<26} {kind:<9} {r['mean']:>9.2f} {r['std']:>7.2f} {r['ratio']:>7.3f}")
+        interval = "" if r["low"] is None else f"[{r['low']:.3f}, {r['high']:.3f}]"
+        verdict = "pass" if r["passed"] else "FAIL" if r["required"] else "-"
+        row = f"{r['name']:<22} {kind:<9} {r['mean']:>9.2f} {r['ratio']:>7.3f} {interval:>16} {verdict:>8}"
+        print(f"{row}  {r['magnitude']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reach-steps", type=int, default=100_000)
-    parser.add_argument("--locomotion-steps", type=int, default=200_000, help="0 skips locomotion")
+    parser.add_argument("--reach-steps", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--locomotion-steps", type=int, default=None, help="default: the preset's; 0 skips Spot")
     parser.add_argument("--episodes", type=int, default=16, help="gate episodes per row")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the trained runs here")
+    parser.add_argument("--gate-backend", default=None, help="the positive control's gate backend (default: MJX)")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="q2real-transfer-"))
     results: dict = {}
     try:
-        run, seconds = trained("panda_reach", args.reach_steps, 4, REACH_DR, root)
-        print(f"panda_reach: trained {args.reach_steps} env steps in {seconds:.0f} s")
-        reach = run_gate(run, episodes=args.episodes, ros=True)
-        results["panda_reach"] = {**reach, "train_steps": args.reach_steps, "train_seconds": seconds}
-        shutil.copy(run / "transfer.png", RESULTS / "transfer_panda_reach.png")
-        if args.locomotion_steps:
-            run, seconds = trained("spot_joystick", args.locomotion_steps, 16, LOCOMOTION_DR, root)
-            print(f"spot_joystick: trained {args.locomotion_steps} env steps in {seconds:.0f} s")
-            rows = ["nominal", "all in range", "all beyond"]
-            spot = run_gate(run, episodes=args.episodes, only=rows, ros=True)
-            results["spot_joystick"] = {**spot, "train_steps": args.locomotion_steps, "train_seconds": seconds}
+        for name, overrides in REACH.items():
+            run, seconds = trained("sac_panda_reach", f"panda_reach_{name}", overrides, root, args.reach_steps)
+            print(f"panda_reach ({name}): trained in {seconds:.0f} s")
+            # The controls' rows of interest (gains, payload, the shield) need no second backend, and MJX
+            # on a CPU compiles every row afresh: they are gated on the training backend.
+            backend = args.gate_backend if name == "positive" else "mujoco"
+            ros_episodes = min(8, args.episodes)
+            report = run_gate(run, backend, args.episodes, ros=name != "negative", ros_episodes=ros_episodes)
+            results[f"panda_reach_{name}"] = {**report, "train_seconds": seconds}
+            shutil.copy(run / "transfer.png", RESULTS / f"transfer_panda_reach_{name}.png")
+        if args.locomotion_steps != 0:
+            run, seconds = trained("sac_spot_joystick", "spot_joystick", [], root, args.locomotion_steps)
+            print(f"spot_joystick: trained in {seconds:.0f} s")
+            rows = ["nominal", "all together", "all beyond"]
+            spot = run_gate(run, episodes=args.episodes, only=rows, ros=True, ros_episodes=min(8, args.episodes))
+            results["spot_joystick"] = {**spot, "train_seconds": seconds}
             shutil.copy(run / "transfer.png", RESULTS / "transfer_spot_joystick.png")
+        if args.keep is not None:
+            shutil.copytree(root, args.keep, dirs_exist_ok=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    for task, report in results.items():
+    for name, report in results.items():
+        verdict = "PASSED" if report["passed"] else f"FAILED on {', '.join(report['failed_rows'])}"
         print(
-            f"\n{task}: return as trained {report['reference_return']:.2f} on the gate's episodes, logged "
-            f"in-training evaluation {report['in_training_return']:.2f} "
-            f"({report['train_steps']} env steps, {report['train_seconds']:.0f} s); "
-            f"gate on {report['gate_backend']}, {report['episodes']} episodes per row"
+            f"\n{name}: return as trained {report['reference_return']:.2f} on the gate's episodes (no shield "
+            f"{report['unshielded_return']:.2f}, logged evaluation {report['in_training_return']:.2f}; trained in "
+            f"{report['train_seconds']:.0f} s); gate on {report['gate_backend']}, {report['episodes']} episodes "
+            f"per row: {verdict}"
         )
         table(report)
-    (RESULTS / "transfer.json").write_text(json.dumps(results, indent=2))
+    positive, negative = results["panda_reach_positive"], results["panda_reach_negative"]
+    without, with_ = (
+        results[f"panda_reach_{k}"]["ros_shield_intervention_rate"] for k in ("no_shield_in_loop", "positive")
+    )
     headline = {
-        "transfer_ratio_in_range": round(results["panda_reach"]["transfer_ratio_in_range"], 3),
-        "min_ratio_in_range": round(results["panda_reach"]["min_ratio_in_range"], 3),
-        "transfer_ratio_in_range_lower": round(results["panda_reach"]["transfer_ratio_in_range_lower"], 3),
-        "reach_return_as_trained": round(results["panda_reach"]["reference_return"], 2),
+        "transfer_ratio_in_range_lower": round(positive["transfer_ratio_in_range_lower"], 3),
+        "negative_control_fails": int(not negative["passed"]),
+        "shield_intervention_rate_ratio": round(without / with_, 3) if with_ > 0 else None,
+        "positive_control_passes": int(positive["passed"]),
+        "reach_return_as_trained": round(positive["reference_return"], 2),
+        "ros_interventions_per_tick_with": round(with_, 4),
+        "ros_interventions_per_tick_without": round(without, 4),
     }
     if "spot_joystick" in results:
         headline["locomotion_transfer_ratio_in_range"] = round(results["spot_joystick"]["transfer_ratio_in_range"], 3)
-        headline["locomotion_return_as_trained"] = round(results["spot_joystick"]["reference_return"], 2)
+    (RESULTS / "transfer.json").write_text(json.dumps({"headline": headline, **results}, indent=2))
     print(json.dumps(headline))
 
 

@@ -166,19 +166,26 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def _transfer(args: argparse.Namespace) -> int:
+    """Exit status 1 when the gate fails, so a script can refuse to ship the bundle."""
     from q2real.gate.transfer import run_gate
 
     print(f"q2real transfer: {args.run_dir}")
     report = run_gate(
-        args.run_dir, backend=args.backend, episodes=args.episodes, seed=args.seed, only=args.only, ros=args.ros
+        args.run_dir,
+        backend=args.backend,
+        episodes=args.episodes,
+        seed=args.seed,
+        only=args.only,
+        ros=args.ros,
+        ros_episodes=args.ros_episodes,
+        threshold=args.threshold,
     )
     print(
         f"return as trained {report['reference_return']:.2f} (no shield {report['unshielded_return']:.2f}); "
-        f"transfer_ratio_in_range {report['transfer_ratio_in_range']:.3f}, lowest in-range interval bound "
-        f"{report['transfer_ratio_in_range_lower']}; table {args.run_dir}/transfer.json, "
-        f"plot {args.run_dir}/transfer.png"
+        f"lowest in-range interval bound {report['transfer_ratio_in_range_lower']}; "
+        f"table {args.run_dir}/transfer.json, plot {args.run_dir}/transfer.png"
     )
-    return 0
+    return 0 if report["passed"] else 1
 
 
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -231,8 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--backend", choices=("mujoco", "mjx"), help="default: the backend the run did not train on")
     gate.add_argument("--episodes", type=int, default=16, help="episodes per row (one per env)")
     gate.add_argument("--seed", type=int, default=54321)
-    gate.add_argument("--only", nargs="+", metavar="ROW", help="evaluate only these rows (e.g. nominal 'mass beyond')")
+    gate.add_argument("--only", nargs="+", metavar="ROW", help="evaluate only these rows (e.g. nominal payload)")
     gate.add_argument("--ros", action="store_true", help="also run the bundle through the ROS 2 node and sim robot")
+    gate.add_argument("--ros-episodes", type=int, default=8, help="episodes through the node (real time each)")
+    gate.add_argument("--threshold", type=float, default=0.9, help="lowest ratio interval bound a row may have")
     gate.set_defaults(func=_transfer)
     roll = command("rollout", help="run a random or zero policy through a task and log its returns")
     _job_arguments(roll)

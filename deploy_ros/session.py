@@ -52,8 +52,10 @@ def start_sim_robot(
     rate: float | None = None,
     extra: list[str] | None = None,
     task: str | None = None,
+    initial: dict[str, float] | None = None,
 ):
-    """The sim robot as a child process on loopback DDS; returns the Popen.
+    """The sim robot as a child process on loopback DDS, its joints at `initial` (default: the spec's
+    default pose); returns the Popen.
 
     A floating base hangs on the gantry until the ramp has had its time after the node's first
     command (so a humanoid does not fall before the policy takes over); `task` makes it play that
@@ -68,6 +70,8 @@ def start_sim_robot(
         command += ["--rate", str(rate)]
     if task is not None:
         command += ["--task", task]
+    if initial:
+        command += ["--initial", *(f"{joint}={value!r}" for joint, value in initial.items())]
     use_loopback()  # the child inherits the environment, so both ends use the same DDS settings
     return subprocess.Popen(command + (extra or []))
 
@@ -94,9 +98,11 @@ def deploy(
     sim_rate: float | None = None,
     operator_start: bool = False,
     timings: str | Path | None = None,
+    sim_initial: dict[str, float] | None = None,
 ) -> Summary:
     """Run until `stop`, the duration or Ctrl-C; `operator_start` reads Enter on stdin as the start;
-    `timings`: write every tick's stage timestamps there as CSV at the end."""
+    `timings`: write every tick's stage timestamps there as CSV at the end; `sim_initial`: the sim
+    robot's initial joint positions."""
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -110,7 +116,8 @@ def deploy(
         if sim:
             # The robot alone, unless the policy observes an object of its task's world.
             task = node.bundle.info.metadata.get("task") if "object_pose" in node.inputs.streams else None
-            robot = start_sim_robot(node.spec.name, config, rate=sim_rate or 1.0 / node.period, task=task)
+            rate = sim_rate or 1.0 / node.period
+            robot = start_sim_robot(node.spec.name, config, rate=rate, task=task, initial=sim_initial)
         applied = realtime.apply(config.realtime)
         if applied:
             print(f"real-time settings: {', '.join(applied)}", flush=True)

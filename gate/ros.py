@@ -6,9 +6,11 @@ ground truth of a floating base and the tracked object's pose, and, for tasks wi
 publishes one: a Twist on `cmd_vel` for velocity commands, otherwise on the node's command input.
 The return is the task's own reward evaluated on the recorded states (sensors recomputed from them by
 forward kinematics) over one episode from the moment the node reports RUN, ending early where the
-task terminates (a fall), as the simulated rows do. The robot starts at its default pose (a
-floating base on the sim robot's gantry until the ramp is done), not from the task's reset
-distribution, and runs in real time, so this row takes one episode of wall-clock time.
+task terminates (a fall), as the simulated rows do. Each episode is its own deployment: the sim robot
+starts at the joints of one of the gate's reset states and the episode's command is sent, but the node
+first ramps to the default pose, as it would on a robot (a floating base hangs on the sim robot's
+gantry until the ramp is done), so the policy takes over from there. It runs in real time: each
+episode takes its length in wall-clock time, plus the ramp and start-up.
 """
 
 from __future__ import annotations
@@ -81,18 +83,37 @@ class _Wire:
             self.run_since = time.monotonic()
 
 
-def ros_return(bundle: str | Path, config: TrainConfig, progress=print) -> float:
-    """Return of one episode of the bundle run through the ROS 2 node on the sim robot."""
+CLAMPS = ("ACTION_CLIPPED", "POSITION_LIMIT", "RATE_LIMIT", "EFFORT_LIMIT", "GAIN_REDUCED")
+"""The shield's rules that change a policy's action (the rest are faults and fallbacks)."""
+
+
+def ros_returns(
+    bundle: str | Path, config: TrainConfig, starts: list[tuple[dict[str, float], torch.Tensor]], progress=print
+) -> tuple[torch.Tensor, float]:
+    """Returns of one episode per (initial joint positions, command) in `starts`, run through the ROS 2
+    node on the sim robot, and the shield's clamp interventions per tick over all of them (ramps included)."""
     env = make_task(dataclasses.replace(config.env, num_envs=1, backend="mujoco", device="cpu"))
     task, model = env.task, env.task.model
     env.close()
     node_config = NodeConfig(autostart=True)
-    period = task.spec.control_period
     episode = task.config.episode_length
+    duration = node_config.shield.ramp_time + episode * task.spec.control_period + 1.0
+    progress(f"  ROS 2 row: node + sim robot in real time, {len(starts)} episodes of {duration:.0f} s and start-up")
     use_loopback()
+    returns, interventions, ticks = [], 0, 0
+    for initial, command in starts:
+        task.command = command.reshape(1, -1).cpu()
+        wire, summary = _deployed(bundle, node_config, task, initial, duration)
+        returns.append(_episode_return(task, model, wire, episode))
+        interventions += sum(summary.shield_counters.get(rule, 0) for rule in CLAMPS)
+        ticks += summary.ticks
+    return torch.tensor(returns), interventions / max(ticks, 1)
+
+
+def _deployed(bundle, node_config: NodeConfig, task, initial: dict[str, float], duration: float):
+    """One deployment from `initial` with the task's command on the wire: (what the wire saw, the node's summary)."""
     endpoints = Endpoints(node="q2real_transfer")
     wire = _Wire(endpoints, node_config)
-    task.command = task.sample_command(1, torch.Generator().manual_seed(0))
     stop = threading.Event()
     publisher = None
     if task.command_dim:
@@ -104,15 +125,8 @@ def ros_return(bundle: str | Path, config: TrainConfig, progress=print) -> float
 
         publisher = threading.Thread(target=publish, daemon=True)
         publisher.start()
-    progress(f"  ROS 2 row: node + sim robot in real time, {node_config.shield.ramp_time + episode * period:.0f} s")
     try:
-        deploy(
-            bundle,
-            node_config,
-            sim=True,
-            duration=node_config.shield.ramp_time + episode * period + 1.0,
-            status_every=None,
-        )
+        summary = deploy(bundle, node_config, sim=True, duration=duration, status_every=None, sim_initial=initial)
     finally:
         stop.set()
         if publisher is not None:
@@ -120,7 +134,7 @@ def ros_return(bundle: str | Path, config: TrainConfig, progress=print) -> float
         endpoints.close()
     if wire.run_since is None:
         raise GateError("ROS 2 row: the node never reported RUN on /diagnostics; no return to measure")
-    return _episode_return(task, model, wire, episode)
+    return wire, summary
 
 
 def _command_message(endpoints: Endpoints, task, config: NodeConfig):

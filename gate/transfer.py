@@ -1,17 +1,16 @@
-"""The sim-to-sim transfer gate: how much of its training return a policy keeps where it was not trained.
+"""The sim-to-sim transfer gate: whether a policy keeps its return where it was not trained, with the power to say no.
 
 `q2real transfer RUN_DIR` takes the run's exported policy bundle (the file a robot would get) and
-evaluates it through the safety shield on the *other* physics backend, first unperturbed, then under
-each randomization effect at its training range ("in range") and widened beyond it ("beyond"), then
-all of them together. Every row reports its mean return as a ratio of the in-training evaluation,
-re-run on the same episodes as the rows: the same bundle and shield on the backend and with the
-randomization the run trained with (the run's own logged evaluation is reported beside it; with ten
-episodes it is too noisy to divide by). With `--ros` the unperturbed bundle also runs through the
-ROS 2 node against the sim-in-the-loop robot, and its return is measured from the joint states on
-the wire.
-
-Effects the run did not train on are only tested "beyond", at default sizes: a policy trained without
-latency meets one tick of it there.
+evaluates it through the safety shield on the *other* physics backend: unperturbed, under each effect
+the robot will meet (sized for that robot, `q2real.gate.perturbations`), all of them together, and all
+of them widened past anything trained. Every row's return is a ratio of the return as trained: the
+same bundle and shield on the training backend with the training randomization, on the very same
+episodes (same reset states, same commands), so each ratio carries a paired 95 % bootstrap interval.
+A row passes when its interval's lower end clears the threshold (0.9); the gate passes when every
+required row does, including "shield": the return as trained with the shield over the return without
+it, so a policy that relies on moves the robot's shield will not allow fails here and not on the robot.
+With `--ros` the bundle also runs through the ROS 2 node against the sim-in-the-loop robot over
+several of the same episodes, its return measured from the joint states on the wire.
 """
 
 from __future__ import annotations
@@ -29,6 +28,8 @@ from q2real.agents.config import load_run_config
 from q2real.configs.errors import Q2RealError
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.schema import robot_from_metadata
+from q2real.gate.perturbations import perturbations
+from q2real.hardware import robot_spec
 from q2real.hardware.action import action_from_command
 from q2real.safety.shield import Shield, ShieldConfig
 from q2real.sim import RandomizationConfig
@@ -36,34 +37,13 @@ from q2real.sim.config import resolve_backend
 from q2real.sim.env import TaskEnv
 from q2real.sim.registry import make_task
 
-NEUTRAL = RandomizationConfig()
-SCALES = ("mass_scale", "friction_scale", "damping_scale", "actuator_gain_scale", "kp_scale", "kd_scale")
-# Effect name -> the fields it sets, and the value used "beyond" when the run did not train on it.
-EFFECTS: dict[str, dict[str, object]] = {
-    "mass": {"mass_scale": (0.7, 1.3)},
-    "friction": {"friction_scale": (0.5, 1.5)},
-    "joint_damping": {"damping_scale": (0.5, 2.0)},
-    "actuator_gain": {"actuator_gain_scale": (0.8, 1.2)},
-    "pd_gains": {"kp_scale": (0.7, 1.3), "kd_scale": (0.7, 1.3)},
-    "com_offset": {"com_offset": 0.02},
-    "armature": {"armature": (0.0, 0.02)},
-    "obs_noise": {"obs_noise_std": 0.02},
-    "obs_bias": {"obs_bias": 0.02},
-    "latency": {"action_latency": (1, 1)},
-    "pushes": {"push_force": (5.0, 10.0)},
-}
+THRESHOLD = 0.9
+"""A row passes when the lower end of its ratio's interval is at least this."""
+ROS_EPISODES = 8
 
 
 class GateError(Q2RealError):
     """The gate cannot judge this run: an adapter task, no logged evaluation, an unknown row, a failed ROS row."""
-
-
-@dataclass(frozen=True)
-class Perturbation:
-    name: str
-    in_range: bool
-    """True when every value lies within what the run was trained on."""
-    randomization: RandomizationConfig
 
 
 @dataclass
@@ -76,6 +56,11 @@ class Row:
     low: float | None = None
     """2.5th percentile of the ratio over episode resamples paired with the reference's (None: one episode)."""
     high: float | None = None
+    magnitude: str = "-"
+    required: bool = True
+    """Counted in the verdict (the stress row is not)."""
+    passed: bool = True
+    """The interval's lower end (the ratio itself for one episode) clears the threshold."""
 
 
 BOOTSTRAP = 2000
@@ -94,40 +79,13 @@ def ratio_interval(returns: torch.Tensor, reference: torch.Tensor, seed: int = 0
     return low, high
 
 
-def _trained(config: RandomizationConfig, field: str) -> bool:
-    return getattr(config, field) != getattr(NEUTRAL, field)
-
-
-def _widen(field: str, value):
-    """A range reaching past a trained one: twice its deviation from neutral (latency: one tick more)."""
-    if field in SCALES:
-        lo, hi = value
-        return (max(0.05, 1 - 2 * (1 - lo)), 1 + 2 * (hi - 1))
-    if field == "action_latency":
-        return (value[1] + 1, value[1] + 1)
-    if isinstance(value, tuple):
-        return (value[0], 2 * value[1])
-    return 2 * value
-
-
-def perturbations(trained: RandomizationConfig) -> list[Perturbation]:
-    """The gate's rows for a run trained with `trained` randomization."""
-    # Pushes keep the run's own interval everywhere; it does nothing while push_force is zero.
-    base = dataclasses.replace(NEUTRAL, push_interval=trained.push_interval)
-    rows = [Perturbation("nominal", True, base)]
-    together_in, together_beyond = {}, {}
-    for name, defaults in EFFECTS.items():
-        trained_fields = {f: getattr(trained, f) for f in defaults if _trained(trained, f)}
-        if trained_fields:
-            rows.append(Perturbation(name, True, dataclasses.replace(base, **trained_fields)))
-            together_in.update(trained_fields)
-        beyond = {f: _widen(f, trained_fields[f]) if f in trained_fields else d for f, d in defaults.items()}
-        rows.append(Perturbation(f"{name} beyond", False, dataclasses.replace(base, **beyond)))
-        together_beyond.update(beyond)
-    if together_in:
-        rows.append(Perturbation("all in range", True, dataclasses.replace(base, **together_in)))
-    rows.append(Perturbation("all beyond", False, dataclasses.replace(base, **together_beyond)))
-    return rows
+def judged(name: str, returns: torch.Tensor, reference: torch.Tensor, threshold: float, **fields) -> Row:
+    """A row of `returns` against the `reference` returns of the same episodes."""
+    mean, ratio = float(returns.mean()), float(returns.mean() / reference.mean())
+    low, high = ratio_interval(returns, reference)
+    std = float(returns.std()) if len(returns) > 1 else 0.0
+    passed = (ratio if low is None else low) >= threshold
+    return Row(name, fields.pop("in_range", True), mean, std, ratio, low, high, passed=passed, **fields)
 
 
 def in_training_return(run_dir: Path) -> float:
@@ -212,13 +170,19 @@ def run_gate(
     seed: int = 54321,
     only: list[str] | None = None,
     ros: bool = False,
+    ros_episodes: int = ROS_EPISODES,
+    threshold: float = THRESHOLD,
     progress=print,
 ) -> dict:
-    """Evaluate the run's bundle on every perturbation; writes RUN_DIR/transfer.json and transfer.png."""
+    """Evaluate the run's bundle on every row; writes RUN_DIR/transfer.json and transfer.png."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
     if ":" in config.env.task:
         raise GateError(f"{run_dir}: env.task '{config.env.task}': the gate needs a q2real task, not an adapter")
+    if not 0 < threshold <= 1:
+        raise GateError(f"threshold: expected a ratio in (0, 1], got {threshold}")
+    if ros and not 1 <= ros_episodes <= episodes:
+        raise GateError(f"ros_episodes: expected 1 to episodes ({episodes}), got {ros_episodes}")
     bundle_path = run_dir / "policy.onnx"
     if not bundle_path.is_file():
         from q2real.agents.export import export_run
@@ -228,70 +192,96 @@ def run_gate(
     logged = in_training_return(run_dir)
     trained_backend = resolve_backend(config.env.backend)
     backend = backend or other_backend(trained_backend)
-    rows_wanted = perturbations(config.env.randomization)
+    spec = robot_spec(bundle.info.metadata["robot"]["name"])
+    rows_wanted = perturbations(config.env.randomization, spec, spec.load_model())
     if only:
         unknown = sorted(set(only) - {p.name for p in rows_wanted})
         if unknown:
             raise GateError(f"--only: unknown rows {unknown}; this run's rows: {[p.name for p in rows_wanted]}")
         rows_wanted = [p for p in rows_wanted if p.name in only]
 
-    def returns_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> torch.Tensor:
-        env = make_task(
+    def env_on(on: str, randomization: RandomizationConfig, num_envs: int = episodes) -> TaskEnv:
+        return make_task(
             dataclasses.replace(
                 config.env,
                 backend=on,
                 device="cpu",
-                num_envs=episodes,
+                num_envs=num_envs,
                 seed=seed,
                 randomization=randomization,
                 shield_in_loop=False,  # the robot's own shields, one per env, stand in for it
             )
         )
+
+    def returns_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> torch.Tensor:
+        env = env_on(on, randomization)
         try:
             return shielded_returns(bundle, env, seed, shielded)
         finally:
             env.close()
 
+    def show(row: Row) -> None:
+        verdict = "pass" if row.passed else "FAIL" if row.required else "-"
+        kind = "in range" if row.in_range else "beyond"
+        progress(
+            f"  {row.name:<22} {kind:<9} return {row.mean:9.2f} +- {row.std:7.2f}   ratio {row.ratio:6.3f} "
+            f"{_interval(row):<16} {verdict:<4}  {row.magnitude}"
+        )
+
     # The reference: the same bundle and shield on the very episodes of every row, as in training
     # (trained backend, trained randomization), so row ratios are paired, not two noisy means.
     reference_returns = returns_on(trained_backend, config.env.randomization)
     reference = float(reference_returns.mean())
-    progress(f"  {'as trained':<24} {'reference':<9} return {reference:9.2f}   (logged evaluation {logged:.2f})")
-    # What the shield costs: the same episodes with the bundle's actions unshielded.
-    unshielded = float(returns_on(trained_backend, config.env.randomization, shielded=False).mean())
-    progress(f"  {'as trained, no shield':<24} {'':<9} return {unshielded:9.2f}   ratio {unshielded / reference:6.3f}")
-    rows: list[Row] = []
+    progress(f"  {'as trained':<22} {'reference':<9} return {reference:9.2f}   (logged evaluation {logged:.2f})")
+    # What the shield costs: the same episodes with the bundle's actions straight to the simulator.
+    unshielded_returns = returns_on(trained_backend, config.env.randomization, shielded=False)
+    shield_row = judged("shield", reference_returns, unshielded_returns, threshold, magnitude="with / without")
+    progress(f"  {'as trained, no shield':<22} {'':<9} return {float(unshielded_returns.mean()):9.2f}")
+    show(shield_row)
+    rows: list[Row] = [shield_row]
     for p in rows_wanted:
         returns = returns_on(backend, p.randomization)
-        mean = float(returns.mean())
-        low, high = ratio_interval(returns, reference_returns)
-        row = Row(p.name, p.in_range, mean, float(returns.std()), mean / reference, low, high)
-        rows.append(row)
-        progress(
-            f"  {row.name:<24} {'in range' if row.in_range else 'beyond':<9} return {row.mean:9.2f} "
-            f"+- {row.std:7.2f}   ratio {row.ratio:6.3f} {_interval(row)}"
-        )
+        fields = {"in_range": p.in_range, "magnitude": p.magnitude, "required": p.required}
+        rows.append(judged(p.name, returns, reference_returns, threshold, **fields))
+        show(rows[-1])
+    ros_rate = None
     if ros:
-        from q2real.gate.ros import ros_return
+        from q2real.gate.ros import ros_returns
 
-        mean = ros_return(bundle_path, config, progress)
-        rows.append(Row("nominal via ROS 2 node", True, mean, 0.0, mean / reference))
-        progress(f"  {'nominal via ROS 2 node':<24} {'in range':<9} return {mean:9.2f}   ratio {mean / reference:6.3f}")
-    together = [r for r in rows if r.name == "all in range"] or [r for r in rows if r.name == "nominal"]
+        env = env_on(trained_backend, config.env.randomization, ros_episodes)
+        try:
+            env.reset(seed=seed)
+            q = env.physics.qpos[:, env.task.qpos_index].double().numpy()
+            starts = [
+                (dict(zip(spec.joint_names, q[i].tolist(), strict=True)), env.task.command[i]) for i in range(len(q))
+            ]
+        finally:
+            env.close()
+        returns, ros_rate = ros_returns(bundle_path, config, starts, progress)
+        rows.append(judged("via ROS 2 node", returns, reference_returns[:ros_episodes], threshold, magnitude="nominal"))
+        show(rows[-1])
+    judged_rows = [r for r in rows if r.required]
+    together = [r for r in rows if r.name == "all together"] or [r for r in rows if r.name == "nominal"]
     report = {
         "run_dir": str(run_dir),
         "task": config.env.task,
         "trained_backend": trained_backend,
         "gate_backend": backend,
         "episodes": episodes,
+        "threshold": threshold,
         "reference_return": reference,
-        "unshielded_return": unshielded,
+        "unshielded_return": float(unshielded_returns.mean()),
         "in_training_return": logged,
         "rows": [dataclasses.asdict(r) for r in rows],
+        "passed": all(r.passed for r in judged_rows),
+        "failed_rows": [r.name for r in judged_rows if not r.passed],
         "transfer_ratio_in_range": together[0].ratio if together else None,
         "min_ratio_in_range": min((r.ratio for r in rows if r.in_range), default=None),
         "transfer_ratio_in_range_lower": min((r.low for r in rows if r.in_range and r.low is not None), default=None),
+        "ros_shield_intervention_rate": ros_rate,
     }
+    verdict = "PASSED" if report["passed"] else f"FAILED on {', '.join(report['failed_rows'])}"
+    progress(f"  gate {verdict} (a row passes when its interval's lower end is at least {threshold})")
     (run_dir / "transfer.json").write_text(json.dumps(report, indent=2))
     _plot(report, run_dir / "transfer.png")
     return report
@@ -309,17 +299,23 @@ def _plot(report: dict, path: Path) -> None:
 
     rows = report["rows"]
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.2))
-    colors = ["tab:green" if r["in_range"] else "tab:orange" for r in rows]
+    colors = ["tab:gray" if not r["required"] else "tab:green" if r["passed"] else "tab:red" for r in rows]
     ratios = [r["ratio"] for r in rows][::-1]
     errors = [
         [max(r["ratio"] - r["low"], 0.0) if r["low"] is not None else 0.0 for r in rows][::-1],
         [max(r["high"] - r["ratio"], 0.0) if r["high"] is not None else 0.0 for r in rows][::-1],
     ]
-    ax.barh([r["name"] for r in rows][::-1], ratios, color=colors[::-1], xerr=errors, capsize=2)
+    labels = [r["name"] + ("" if r["in_range"] else " (beyond)") for r in rows]
+    ax.barh(labels[::-1], ratios, color=colors[::-1], xerr=errors, capsize=2)
     ax.axvline(1.0, color="k", lw=0.8)
-    ax.axvline(0.9, color="k", lw=0.8, ls="--")
-    ax.set_xlabel(f"return / return as trained ({report['reference_return']:.1f}, same episodes)")
-    ax.set_title(f"{report['task']}: trained on {report['trained_backend']}, gated on {report['gate_backend']}")
+    ax.axvline(report["threshold"], color="k", lw=0.8, ls="--")
+    ax.set_xlabel(
+        f"return / return as trained ({report['reference_return']:.1f}, same episodes; shield: with / without)"
+    )
+    verdict = "passed" if report["passed"] else "failed"
+    ax.set_title(
+        f"{report['task']}: trained on {report['trained_backend']}, gated on {report['gate_backend']}: {verdict}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -26,7 +26,7 @@ HARDWARE_DIR = Path(__file__).resolve().parent
 ControlMode = Literal["torque", "position"]
 CONTROL_MODES = ("torque", "position")
 ROBOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-_TOP_KEYS = {"name", "model", "control_mode", "control_period", "joints", "imu"}
+_TOP_KEYS = {"name", "model", "control_mode", "control_period", "joints", "imu", "payload"}
 _IMU_KEYS = {"site", "rotation"}
 _JOINT_KEYS = {"name", "position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd"}
 
@@ -79,6 +79,9 @@ class RobotSpec:
     source: Path
     imu: ImuSpec | None = None
     """The base IMU of a legged or humanoid robot; None for a fixed-base robot."""
+    payload: float | None = None
+    """Rated payload (kg) at the link of the last joint (an arm's flange); the transfer gate loads the
+    arm with it. A simulation fact: bundles do not carry it and the shield does not read it."""
 
     @property
     def joint_names(self) -> list[str]:
@@ -379,7 +382,7 @@ def load_spec(path: str | Path) -> RobotSpec:
             return f"{where}: joints[{i}].name"
         return f"{where}: joints[{i}]({joint})" + (f".{key}" if key else "")
 
-    return build_spec(
+    spec = build_spec(
         _require(data, "name", where),
         _require(data, "control_mode", where),
         _require(data, "control_period", where),
@@ -389,6 +392,9 @@ def load_spec(path: str | Path) -> RobotSpec:
         path,
         data.get("imu"),
     )
+    if data.get("payload") is None:
+        return spec
+    return dataclasses.replace(spec, payload=_number(data["payload"], f"{where}: payload", positive=True))
 
 
 def robot_spec(name: str) -> RobotSpec:

@@ -51,7 +51,7 @@ class TaskEnv(VecEnv):
 
         dr = config.randomization
         dr_gen = torch.Generator().manual_seed(config.seed)
-        fields = sample_model_fields(model, dr, n, dr_gen) if dr.randomizes_physics else None
+        fields = sample_model_fields(model, dr, n, dr_gen, self.task.push_body) if dr.randomizes_physics else None
         self.backend = make_backend(self.backend_name, model, n, spec.substeps(model), self.device, fields)
         self._obs_bias = (dr.obs_bias * (2 * torch.rand(n, 1, generator=dr_gen) - 1)).to(self.device)
         lo, hi = dr.action_latency

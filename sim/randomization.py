@@ -45,6 +45,9 @@ class RandomizationConfig:
     """Magnitude (N) of horizontal shoves on the task's push body, each held for one control tick."""
     push_interval: tuple[int, int] = (50, 150)
     """Control ticks between two shoves of one env, drawn afresh after each."""
+    payload: tuple[float, float] = (0.0, 0.0)
+    """Mass (kg) added at the centre of mass of the last joint's link (an arm's flange, the task's push
+    body), carried by the actuators: gravity compensation keeps covering only the link's own mass."""
 
     def validate(self, where: str = "randomization") -> None:
         for name in ("mass_scale", "friction_scale", "damping_scale", "actuator_gain_scale", "kp_scale", "kd_scale"):
@@ -64,6 +67,9 @@ class RandomizationConfig:
         lo, hi = self.push_force
         if not 0 <= lo <= hi:
             raise ValueError(f"{where}.push_force: expected 0 <= low <= high N, got ({lo}, {hi})")
+        lo, hi = self.payload
+        if not 0 <= lo <= hi:
+            raise ValueError(f"{where}.payload: expected 0 <= low <= high kg, got ({lo}, {hi})")
         lo, hi = self.push_interval
         if not 1 <= lo <= hi:
             raise ValueError(f"{where}.push_interval: expected 1 <= low <= high ticks, got ({lo}, {hi})")
@@ -79,7 +85,7 @@ class RandomizationConfig:
             self.kd_scale,
         )
         scaled = any(lo != 1.0 or hi != 1.0 for lo, hi in ranges)
-        return scaled or self.com_offset > 0 or self.armature != (0.0, 0.0)
+        return scaled or self.com_offset > 0 or self.armature != (0.0, 0.0) or self.payload != (0.0, 0.0)
 
 
 def _uniform(gen: torch.Generator, low: float, high: float, shape: tuple[int, ...]) -> np.ndarray:
@@ -88,9 +94,10 @@ def _uniform(gen: torch.Generator, low: float, high: float, shape: tuple[int, ..
 
 
 def sample_model_fields(
-    model: mujoco.MjModel, config: RandomizationConfig, num_envs: int, gen: torch.Generator
+    model: mujoco.MjModel, config: RandomizationConfig, num_envs: int, gen: torch.Generator, payload_body: int = -1
 ) -> dict[str, np.ndarray]:
-    """Per-env values (num_envs, *field.shape) of every model field the config randomizes."""
+    """Per-env values (num_envs, *field.shape) of every model field the config randomizes (the payload
+    goes on `payload_body`)."""
     fields: dict[str, np.ndarray] = {}
     n = num_envs
     if config.mass_scale != (1.0, 1.0):
@@ -106,8 +113,10 @@ def sample_model_fields(
     gains = (config.actuator_gain_scale, config.kp_scale, config.kd_scale)
     if any(g != (1.0, 1.0) for g in gains):
         # Position actuators: force = kp * ctrl - kp * q - kd * qdot, so a stiffness scale moves gain
-        # and bias together; a motor's strength is its gain alone (its bias terms are zero).
+        # and bias together; a motor's strength is its gain alone (its bias terms are zero), and it has
+        # no stiffness for kp to scale.
         strength, kp, kd = (_uniform(gen, *g, (n, model.nu)) for g in gains)
+        kp = np.where(model.actuator_biastype[None] == mujoco.mjtBias.mjBIAS_AFFINE, kp, 1.0)
         gain = np.repeat(model.actuator_gainprm[None], n, axis=0)
         bias = np.repeat(model.actuator_biasprm[None], n, axis=0)
         gain[..., 0] *= strength * kp
@@ -121,4 +130,13 @@ def sample_model_fields(
         fields["body_ipos"] = model.body_ipos[None] + shift
     if config.armature != (0.0, 0.0):
         fields["dof_armature"] = model.dof_armature[None] + _uniform(gen, *config.armature, (n, model.nv))
+    if config.payload != (0.0, 0.0):
+        mass = fields.get("body_mass", np.repeat(model.body_mass[None], n, axis=0)).copy()
+        own = mass[:, payload_body].copy()
+        mass[:, payload_body] += _uniform(gen, *config.payload, (n,))
+        fields["body_mass"] = mass
+        # MuJoCo compensates gravcomp * mass; a controller's gravity model knows the link, not the load.
+        gravcomp = np.repeat(model.body_gravcomp[None], n, axis=0)
+        gravcomp[:, payload_body] *= own / mass[:, payload_body]
+        fields["body_gravcomp"] = gravcomp
     return fields

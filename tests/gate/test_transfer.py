@@ -13,25 +13,35 @@ import yaml
 
 from q2real.agents.callbacks import evaluate
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.gate.transfer import GateError, perturbations, ratio_interval, run_gate, shielded_returns
+from q2real.gate.perturbations import perturbations
+from q2real.gate.transfer import GateError, ratio_interval, run_gate, shielded_returns
+from q2real.hardware import robot_spec
 from q2real.sim import RandomizationConfig, make
 
 
-def test_rows_follow_the_training_ranges() -> None:
-    trained = RandomizationConfig(mass_scale=(0.8, 1.2), action_latency=(0, 1), obs_noise_std=0.01)
-    rows = {p.name: p for p in perturbations(trained)}
+def _rows(trained: RandomizationConfig, robot: str = "panda") -> dict:
+    spec = robot_spec(robot)
+    return {p.name: p for p in perturbations(trained, spec, spec.load_model())}
+
+
+def test_rows_are_sized_for_the_robot_and_marked_by_what_the_run_trained() -> None:
+    trained = RandomizationConfig(mass_scale=(0.7, 1.3), action_latency=(0, 3), payload=(0.0, 2.0))
+    rows = _rows(trained)
     assert rows["nominal"].in_range and rows["nominal"].randomization == RandomizationConfig()
+    # Pushes change the free 18.5 kg arm's speed by 0.1 m/s in one 20 ms tick; the payload is the spec's.
+    assert rows["pushes"].randomization.push_force == (0.0, 92.5) and "92.5 N" in rows["pushes"].magnitude
+    assert rows["payload"].randomization.payload == (0.0, 3.0) and not rows["payload"].in_range  # trained 2 kg
     assert rows["mass"].in_range and rows["mass"].randomization.mass_scale == (0.8, 1.2)
-    assert rows["mass beyond"].randomization.mass_scale == pytest.approx((0.6, 1.4))
-    assert rows["latency"].randomization.action_latency == (0, 1)
-    assert rows["latency beyond"].randomization.action_latency == (2, 2)
-    assert rows["obs_noise beyond"].randomization.obs_noise_std == pytest.approx(0.02)
-    # Effects the run never saw are only tested beyond, at their default sizes.
-    assert "friction" not in rows and rows["friction beyond"].randomization.friction_scale == (0.5, 1.5)
-    together = rows["all in range"].randomization
-    assert (together.mass_scale, together.action_latency, together.obs_noise_std) == ((0.8, 1.2), (0, 1), 0.01)
-    assert together.friction_scale == (1.0, 1.0)
-    assert not rows["all beyond"].in_range and rows["all beyond"].randomization.push_force[1] > 0
+    assert rows["latency"].in_range and rows["latency"].randomization.action_latency == (1, 3)
+    assert rows["pd_gains"].randomization.kp_scale == (0.7, 1.0) and not rows["pd_gains"].in_range
+    together = rows["all together"]
+    assert together.required and not together.in_range and together.randomization.payload == (0.0, 3.0)
+    stress = rows["all beyond"]
+    assert not stress.required and stress.randomization.mass_scale == pytest.approx((0.4, 1.6))
+    assert stress.randomization.action_latency == (4, 4) and stress.randomization.payload == (0.0, 6.0)
+    # A torque robot has no PD gains in its actuators, an arm without a rated payload no payload row.
+    assert "pd_gains" not in _rows(RandomizationConfig(), "pendulum")
+    assert "payload" not in _rows(RandomizationConfig(), "spot")
 
 
 def test_the_shield_is_transparent_to_an_in_limit_policy(pendulum_run: Path) -> None:
@@ -54,17 +64,57 @@ def test_gate_on_the_default_task_end_to_end(pendulum_run: Path) -> None:
     unperturbed (measured ratio 1.03 against its logged evaluation) and the table, JSON and plot are
     written."""
     rows = ["nominal", "all beyond"]
-    report = run_gate(pendulum_run, episodes=4, only=rows, ros=True, progress=lambda _: None)
+    report = run_gate(pendulum_run, episodes=4, only=rows, ros=True, ros_episodes=2, progress=lambda _: None)
     assert report["gate_backend"] == "mjx" and report["trained_backend"] == "mujoco"
     by_name = {r["name"]: r for r in report["rows"]}
-    assert list(by_name) == [*rows, "nominal via ROS 2 node"]
+    assert list(by_name) == ["shield", *rows, "via ROS 2 node"]
     assert by_name["nominal"]["ratio"] > 0.85
-    # The ROS row starts from rest at the bottom, in real time (measured 0.88).
-    assert by_name["nominal via ROS 2 node"]["ratio"] > 0.6
+    # The ROS episodes ramp to the bottom before the policy takes over, in real time (measured 0.88).
+    ros = by_name["via ROS 2 node"]
+    assert ros["ratio"] > 0.6 and ros["low"] is not None and ros["low"] <= ros["ratio"] <= ros["high"]
+    assert 0.0 <= report["ros_shield_intervention_rate"] < 1.0
     assert report["transfer_ratio_in_range"] == by_name["nominal"]["ratio"]
+    assert not by_name["all beyond"]["required"]
     saved = json.loads((pendulum_run / "transfer.json").read_text())
     assert saved["rows"] == report["rows"]
     assert (pendulum_run / "transfer.png").stat().st_size > 1000
+
+
+def test_the_gate_says_no_to_a_policy_trained_without_randomization(pendulum_run: Path) -> None:
+    """The negative control: the committed pendulum run trained on nominal physics only. With the
+    actuator 30 % weaker it no longer swings up on time (measured ratio 0.78, interval [0.74, 0.82] over
+    16 episodes), so the gate fails it, and the CLI exits 1."""
+    report = run_gate(
+        pendulum_run, backend="mujoco", episodes=8, only=["nominal", "actuator_gain"], progress=lambda _: None
+    )
+    rows = {r["name"]: r for r in report["rows"]}
+    assert rows["nominal"]["passed"] and rows["shield"]["passed"]
+    weak = rows["actuator_gain"]
+    assert not weak["in_range"] and weak["required"] and not weak["passed"] and weak["high"] < report["threshold"]
+    assert not report["passed"] and report["failed_rows"] == ["actuator_gain"]
+
+
+def test_the_gate_fails_a_policy_that_relies_on_what_the_shield_forbids(tmp_path: Path, pendulum_run: Path) -> None:
+    """The shield row: the same episodes with and without the shield. A bundle whose robot's effort limit
+    is a third of what the policy learned to use keeps far less of its return behind the shield."""
+    import onnx
+
+    from q2real.deploy_ros.schema import METADATA_KEY
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.yaml", "metrics.jsonl"):
+        (run / name).write_bytes((pendulum_run / name).read_bytes())
+    model = onnx.load(pendulum_run / "policy.onnx")
+    entry = next(p for p in model.metadata_props if p.key == METADATA_KEY)
+    meta = json.loads(entry.value)
+    meta["robot"]["effort_limits"] = [limit / 3 for limit in meta["robot"]["effort_limits"]]
+    entry.value = json.dumps(meta)
+    onnx.save(model, run / "policy.onnx")
+    report = run_gate(run, backend="mujoco", episodes=8, only=["nominal"], progress=lambda _: None)
+    shield = report["rows"][0]
+    assert shield["name"] == "shield" and not shield["passed"] and shield["ratio"] < 0.9
+    assert report["failed_rows"][0] == "shield"
 
 
 def test_gate_refuses_a_run_without_evaluations(tmp_path: Path, pendulum_run: Path) -> None:
@@ -80,17 +130,18 @@ def test_gate_refuses_a_run_without_evaluations(tmp_path: Path, pendulum_run: Pa
         run_gate(run, backend="mujoco", only=["bogus"], progress=lambda _: None)
     report = run_gate(run, backend="mujoco", episodes=3, only=["nominal"], progress=lambda _: None)
     # Same backend, no perturbation, same episodes: the row is the reference itself.
-    assert report["rows"][0]["ratio"] == pytest.approx(1.0) and report["in_training_return"] == 1.0
-    assert report["rows"][0]["low"] == pytest.approx(1.0) and report["transfer_ratio_in_range_lower"] == pytest.approx(
-        1.0
-    )
+    nominal = report["rows"][1]
+    assert nominal["name"] == "nominal" and nominal["ratio"] == pytest.approx(1.0)
+    assert nominal["low"] == pytest.approx(1.0) and report["transfer_ratio_in_range_lower"] == pytest.approx(1.0)
+    assert report["in_training_return"] == 1.0 and report["passed"]
     assert math.isfinite(report["unshielded_return"])  # the same episodes without the shield
 
 
 def test_perturbation_values_are_valid_randomization_configs() -> None:
-    for trained in (RandomizationConfig(), RandomizationConfig(kp_scale=(0.9, 1.1), push_force=(1.0, 2.0))):
-        for p in perturbations(trained):
-            dataclasses.replace(p.randomization).validate(p.name)
+    for robot in ("panda", "spot", "pendulum"):
+        for trained in (RandomizationConfig(), RandomizationConfig(kp_scale=(0.9, 1.1), push_force=(1.0, 200.0))):
+            for p in _rows(trained, robot).values():
+                dataclasses.replace(p.randomization).validate(p.name)
 
 
 @pytest.mark.slow  # real time through the node and the sim robot
@@ -112,9 +163,11 @@ def test_the_ros_row_runs_legged_tasks_through_imu_and_cmd_vel(task: str, tmp_pa
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(dataclasses.replace(config, env=env))))
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval_return": 1.0}) + "\n")
     export_fresh_agent(task, run / "policy.onnx")
-    report = run_gate(run, backend="mujoco", episodes=2, only=["nominal"], ros=True, progress=lambda _: None)
+    report = run_gate(
+        run, backend="mujoco", episodes=2, only=["nominal"], ros=True, ros_episodes=1, progress=lambda _: None
+    )
     rows = {r["name"]: r for r in report["rows"]}
-    ros, reference = rows["nominal via ROS 2 node"], report["reference_return"]
+    ros, reference = rows["via ROS 2 node"], report["reference_return"]
     assert math.isfinite(ros["mean"]) and math.isfinite(reference)
     # An untrained policy: the row need not match the reference, but it is the task's reward over at
     # most one 100-step episode (GR1's lies in [0, 1] per step, Spot's tracking terms at most 1.5).

@@ -56,5 +56,7 @@ def test_backends_agree_under_physics_randomization() -> None:
 
 
 def test_backends_agree_under_pushes_and_pd_gain_randomization() -> None:
-    dr = RandomizationConfig(kp_scale=(0.7, 1.3), kd_scale=(0.5, 1.5), push_force=(10.0, 20.0), push_interval=(5, 15))
+    dr = RandomizationConfig(
+        kp_scale=(0.7, 1.3), kd_scale=(0.5, 1.5), push_force=(10.0, 20.0), push_interval=(5, 15), payload=(0.0, 1.0)
+    )
     assert _compare("panda_reach", dr) < TOLERANCE

@@ -152,3 +152,31 @@ def test_observation_noise_and_bias() -> None:
 def test_bad_ranges_are_refused(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         make(task="pendulum_swingup", num_envs=2, backend="mujoco", randomization=RandomizationConfig(**changes))
+
+
+def test_a_payload_loads_the_arm_past_its_gravity_compensation() -> None:
+    """The arm is gravity-compensated for its own links only: holding the home pose with a 3 kg payload
+    it sags under the PD gains (a few cm of steady-state error), without one it holds the pose."""
+    model = robot_spec("panda").load_model()
+    wrist = model.nbody - 2  # link7; the hand's body follows it
+    fields = sample_model_fields(model, RandomizationConfig(payload=(3.0, 3.0)), 2, torch.Generator(), wrist)
+    assert np.allclose(fields["body_mass"][:, wrist], model.body_mass[wrist] + 3.0)
+    assert np.allclose(fields["body_gravcomp"][:, wrist] * fields["body_mass"][:, wrist], model.body_mass[wrist])
+    sag = {}
+    for payload in (0.0, 3.0):
+        env = make(
+            task="panda_reach",
+            num_envs=2,
+            backend="mujoco",
+            device="cpu",
+            shield_in_loop=False,
+            task_params={"joint_noise": 0.0},
+            randomization=RandomizationConfig(payload=(payload, payload)),
+        )
+        env.reset(seed=0)
+        for _ in range(50):  # within the 100-step episode
+            env.step(torch.zeros(2, env.action_dim))  # action 0: the home pose
+        q = env.physics.qpos[:, env.task.qpos_index]
+        sag[payload] = float((q - env.task.default_pose).abs().max())
+        env.close()
+    assert sag[0.0] < 1e-3 and sag[3.0] > 0.01, sag
