@@ -57,6 +57,11 @@ def trained(preset: str, name: str, overrides: list[str], root: Path, steps: int
     return trainer.path, time.perf_counter() - start
 
 
+def save(results: dict, headline: dict | None = None) -> None:
+    """After every gate, so that a failure later in the bench loses nothing measured."""
+    (RESULTS / "transfer.json").write_text(json.dumps({"headline": headline, **results}, indent=2))
+
+
 def table(report: dict) -> None:
     print(f"{'row':<22} {'':<9} {'return':>9} {'ratio':>7} {'95 % interval':>16} {'verdict':>8}  magnitude")
     for r in report["rows"]:
@@ -88,6 +93,7 @@ def main() -> None:
             ros_episodes = min(8, args.episodes)
             report = run_gate(run, backend, args.episodes, ros=name != "negative", ros_episodes=ros_episodes)
             results[f"panda_reach_{name}"] = {**report, "train_seconds": seconds}
+            save(results)
             shutil.copy(run / "transfer.png", RESULTS / f"transfer_panda_reach_{name}.png")
         if args.locomotion_steps != 0:
             run, seconds = trained("sac_spot_joystick", "spot_joystick", [], root, args.locomotion_steps)
@@ -95,6 +101,7 @@ def main() -> None:
             rows = ["nominal", "all together", "all beyond"]
             spot = run_gate(run, episodes=args.episodes, only=rows, ros=True, ros_episodes=min(8, args.episodes))
             results["spot_joystick"] = {**spot, "train_seconds": seconds}
+            save(results)
             shutil.copy(run / "transfer.png", RESULTS / "transfer_spot_joystick.png")
         if args.keep is not None:
             shutil.copytree(root, args.keep, dirs_exist_ok=True)
@@ -124,7 +131,7 @@ def main() -> None:
     }
     if "spot_joystick" in results:
         headline["locomotion_transfer_ratio_in_range"] = round(results["spot_joystick"]["transfer_ratio_in_range"], 3)
-    (RESULTS / "transfer.json").write_text(json.dumps({"headline": headline, **results}, indent=2))
+    save(results, headline)
     print(json.dumps(headline))
 
 

@@ -1,11 +1,12 @@
 """The transfer gate's rows: what the robot will meet, sized for that robot, and whether the run trained for it.
 
 Every robot is perturbed by the same kinds of effect, each sized from its own facts so that it bites:
-actuator and PD gains down to 0.7 of nominal (worn or cold actuators, a softer joint controller), one to three ticks of
-latency, shoves that would change the whole robot's speed by `PUSH_SPEED` if it were free (force =
-mass x speed / control period, for one tick), and for an arm its rated payload at the flange (carried by
-the actuators: gravity compensation covers the links, not the load). Mass, friction, damping, centre of
-mass and observation noise are sized as fractions or in SI units that mean the same on every robot.
+actuator and PD gains down to 0.7 of nominal (worn or cold actuators, a softer joint controller), one
+to three ticks of latency, shoves every 0.5-1.5 s that would change the whole robot's speed by
+`PUSH_SPEED` if it were free (force = mass x speed / control period, for one tick), and for an arm its
+rated payload at the flange (carried by the actuators: gravity compensation covers the links, not the
+load). Mass, friction, damping, centre of mass and observation noise are sized as fractions or in SI
+units that mean the same on every robot.
 
 A row is "in range" when the run trained with a range covering it, and "beyond" otherwise; the verdict
 takes every required row either way, because the robot does not care what the run trained on. The
@@ -23,7 +24,7 @@ from q2real.hardware import RobotSpec
 from q2real.sim import RandomizationConfig
 
 NEUTRAL = RandomizationConfig()
-PUSH_SPEED = 0.1
+PUSH_SPEED = 0.3
 """m/s: the speed change a shove would give the whole robot, were it free."""
 PUSH_EVERY_S = (0.5, 1.5)
 """Seconds between two shoves, so that even a short episode meets one."""
@@ -98,24 +99,29 @@ def describe(fields: dict[str, object]) -> str:
     def value(v) -> str:
         return f"{v[0]:g}-{v[1]:g}" if isinstance(v, tuple) else f"{v:g}"
 
-    units = {"push_force": " N", "payload": " kg", "action_latency": " ticks", "com_offset": " m"}
+    units = {
+        "push_force": " N",
+        "payload": " kg",
+        "action_latency": " ticks",
+        "push_interval": " ticks",
+        "com_offset": " m",
+    }
     return ", ".join(f"{field.removesuffix('_scale')} {value(v)}{units.get(field, '')}" for field, v in fields.items())
 
 
 def perturbations(trained: RandomizationConfig, spec: RobotSpec, model: mujoco.MjModel) -> list[Perturbation]:
     """The gate's rows for a run on `spec` trained with `trained` randomization."""
-    base = NEUTRAL
-    rows = [Perturbation("nominal", "-", True, True, base)]
+    rows = [Perturbation("nominal", "-", True, True, NEUTRAL)]
     together: dict[str, object] = {}
     beyond: dict[str, object] = {}
     for name, fields in deployment_effects(spec, model).items():
         in_range = all(covered(trained, f, v) for f, v in fields.items())
-        rows.append(Perturbation(name, describe(fields), in_range, True, dataclasses.replace(base, **fields)))
+        rows.append(Perturbation(name, describe(fields), in_range, True, dataclasses.replace(NEUTRAL, **fields)))
         together.update(fields)
         beyond.update(
             {f: v if f == "push_interval" else widened(f, _wider(f, getattr(trained, f), v)) for f, v in fields.items()}
         )
     all_in = all(r.in_range for r in rows)
-    rows.append(Perturbation("all together", "every row above", all_in, True, dataclasses.replace(base, **together)))
-    rows.append(Perturbation("all beyond", describe(beyond), False, False, dataclasses.replace(base, **beyond)))
+    rows.append(Perturbation("all together", "every row above", all_in, True, dataclasses.replace(NEUTRAL, **together)))
+    rows.append(Perturbation("all beyond", describe(beyond), False, False, dataclasses.replace(NEUTRAL, **beyond)))
     return rows

@@ -80,11 +80,16 @@ def ratio_interval(returns: torch.Tensor, reference: torch.Tensor, seed: int = 0
 
 
 def judged(name: str, returns: torch.Tensor, reference: torch.Tensor, threshold: float, **fields) -> Row:
-    """A row of `returns` against the `reference` returns of the same episodes."""
+    """A row of `returns` against the `reference` returns of the same episodes. Where the reference's
+    mean return is not positive a ratio says nothing (a policy that falls without the shield scores
+    below zero): the row passes when its mean return is at least the reference's."""
     mean, ratio = float(returns.mean()), float(returns.mean() / reference.mean())
     low, high = ratio_interval(returns, reference)
     std = float(returns.std()) if len(returns) > 1 else 0.0
-    passed = (ratio if low is None else low) >= threshold
+    if float(reference.mean()) <= 0:
+        passed = mean >= float(reference.mean())
+    else:
+        passed = (ratio if low is None else low) >= threshold
     return Row(name, fields.pop("in_range", True), mean, std, ratio, low, high, passed=passed, **fields)
 
 
@@ -261,6 +266,7 @@ def run_gate(
         rows.append(judged("via ROS 2 node", returns, reference_returns[:ros_episodes], threshold, magnitude="nominal"))
         show(rows[-1])
     judged_rows = [r for r in rows if r.required]
+    transfer = rows[1:]  # every row but the shield's is a ratio to the return as trained
     together = [r for r in rows if r.name == "all together"] or [r for r in rows if r.name == "nominal"]
     report = {
         "run_dir": str(run_dir),
@@ -276,8 +282,10 @@ def run_gate(
         "passed": all(r.passed for r in judged_rows),
         "failed_rows": [r.name for r in judged_rows if not r.passed],
         "transfer_ratio_in_range": together[0].ratio if together else None,
-        "min_ratio_in_range": min((r.ratio for r in rows if r.in_range), default=None),
-        "transfer_ratio_in_range_lower": min((r.low for r in rows if r.in_range and r.low is not None), default=None),
+        "min_ratio_in_range": min((r.ratio for r in transfer if r.in_range), default=None),
+        "transfer_ratio_in_range_lower": min(
+            (r.low for r in transfer if r.in_range and r.low is not None), default=None
+        ),
         "ros_shield_intervention_rate": ros_rate,
     }
     verdict = "PASSED" if report["passed"] else f"FAILED on {', '.join(report['failed_rows'])}"

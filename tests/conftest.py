@@ -12,6 +12,10 @@ SLOW_FIXTURES = {"trained_pendulum"}
 """Fixtures that train to a return threshold: every test using one is in the slow tier."""
 FIXTURE_RUN = Path(__file__).resolve().parent / "fixtures" / "pendulum_run"
 """A small trained SAC run committed with the tests (regenerate: tests/fixtures/make_pendulum_run.py)."""
+REACH_RUN = Path(__file__).resolve().parent / "fixtures" / "panda_reach_run"
+"""The transfer bench's positive control, trained from the `sac_panda_reach` preset: its config, metrics
+and bundle (regenerate: `python bench/transfer.py --keep DIR`, then copy those four files of
+DIR/panda_reach_positive here)."""
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -79,4 +83,12 @@ def pendulum_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     of export, evaluation, the gate and the deploy node have a real policy without training one."""
     run = tmp_path_factory.mktemp("committed") / FIXTURE_RUN.name
     shutil.copytree(FIXTURE_RUN, run)
+    return run
+
+
+@pytest.fixture(scope="session")
+def panda_reach_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the committed Panda reach bundle the transfer bench passes (`REACH_RUN`)."""
+    run = tmp_path_factory.mktemp("committed") / REACH_RUN.name
+    shutil.copytree(REACH_RUN, run)
     return run

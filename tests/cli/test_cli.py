@@ -122,3 +122,13 @@ def test_deploy_sim_leaves_the_loaded_config_unchanged(monkeypatch: pytest.Monke
     with pytest.raises(RuntimeError, match="stop before"):
         main(["deploy", "b.onnx", "--sim"])
     assert handed[0].autostart and not loaded.autostart
+
+
+@pytest.mark.slow  # three gates over the committed run
+def test_transfer_exits_1_when_the_gate_fails(pendulum_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A script can refuse to ship: the un-randomized pendulum run fails the weaker-actuator row."""
+    common = ["transfer", str(pendulum_run), "--backend", "mujoco", "--episodes", "3", "--only"]
+    assert main([*common, "nominal"]) == 0
+    assert main([*common, "actuator_gain"]) == 1
+    assert "gate FAILED on actuator_gain" in capsys.readouterr().out
+    assert main([*common, "nominal", "--threshold", "1.5"]) == 2  # a ratio threshold is in (0, 1]
