@@ -30,6 +30,10 @@ class EnvConfig:
     soft limits, the rate limit on the previous target, effort feasibility) at their defaults, so the
     policy learns under the rules the robot's shield will apply. None: on for q2real tasks (each runs
     on a robot spec and deploys behind the shield), off for adapters; true on an adapter is an error."""
+    shield_penalty: float = 0.0
+    """With the clamps in the loop, subtract this times the mean squared change they made to the action
+    (in action units, per joint) from every step's reward, so the policy learns to need the shield less
+    rather than to lean on it; 0: the clamps only shape the dynamics."""
 
 
 def resolve_device(name: str) -> torch.device:

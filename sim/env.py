@@ -38,6 +38,10 @@ class TaskEnv(VecEnv):
         if config.num_envs < 1:
             raise ConfigError(f"env.num_envs: expected >= 1, got {config.num_envs}")
         config.randomization.validate("env.randomization")
+        if not 0 <= config.shield_penalty < float("inf"):
+            raise ConfigError(f"env.shield_penalty: expected a finite weight >= 0, got {config.shield_penalty}")
+        if config.shield_penalty > 0 and config.shield_in_loop is False:
+            raise ConfigError("env.shield_penalty: penalizes the clamps' changes, so it needs env.shield_in_loop")
         self.config = config
         self.device = resolve_device(config.device)
         self.backend_name = resolve_backend(config.backend)
@@ -134,13 +138,16 @@ class TaskEnv(VecEnv):
             self._action_queue[:, 0] = applied
             applied = self._action_queue[self._rows, self._latency]
         info: dict[str, torch.Tensor] = {}
+        penalty = None
         if self._clamps is not None:
             # What the robot's shield would send for this action in this state, back in action units:
             # the actuators, the reward and the cost all see the clamped action.
             task, before = self.task, self.physics
             q, qd = before.qpos[:, task.qpos_index], before.qvel[:, task.qvel_index]
             command, info["shield_rules"] = self._clamps(applied, q, qd)
-            applied = action_from_command(command, self.action_scale, self.action_offset)
+            wanted, applied = applied, action_from_command(command, self.action_scale, self.action_offset)
+            if self.config.shield_penalty > 0:
+                penalty = self.config.shield_penalty * ((wanted - applied) ** 2).mean(-1)
         physics = self.backend.step(self.task.action_to_ctrl(applied), self._push() if self._pushes else None)
         true_obs = self.task.observe(physics)
         diverged = ~torch.isfinite(true_obs).all(dim=-1)
@@ -148,10 +155,13 @@ class TaskEnv(VecEnv):
         self._steps += 1
         truncated = (self._steps >= self.episode_length) & ~terminated
         next_obs = self._noisy(true_obs)
+        reward = self.task.reward(physics, applied)
+        if penalty is not None:
+            reward = reward - penalty
         result = StepResult(
             obs=next_obs,
             next_obs=next_obs,
-            reward=self.task.reward(physics, applied),
+            reward=reward,
             terminated=terminated,
             truncated=truncated,
             cost=self.task.cost(physics, applied),

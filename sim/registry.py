@@ -72,10 +72,9 @@ def make(config: EnvConfig | None = None, **changes) -> VecEnv:
     """Build the env a config names; keyword arguments override config fields (`make(task=..., num_envs=...)`)."""
     config = dataclasses.replace(config or EnvConfig(), **changes)
     prefix, _, rest = config.task.partition(":")
-    if rest and config.shield_in_loop:
-        raise ConfigError(
-            f"env.shield_in_loop: needs a q2real task with a robot spec, not the adapter task {config.task!r}"
-        )
+    for key in ("shield_in_loop", "shield_penalty"):
+        if rest and getattr(config, key):
+            raise ConfigError(f"env.{key}: needs a q2real task with a robot spec, not the adapter task {config.task!r}")
     if rest:
         if prefix == "gymnasium":
             from q2real.sim.adapters.gymnasium_env import GymnasiumEnv

@@ -137,3 +137,28 @@ def test_training_logs_the_fraction_of_each_episodes_actions_every_rule_changed(
     assert means["episodes"] == 2 and means["shield_position_limit"] == pytest.approx(0.5)
     assert means["shield_action_clipped"] == 0.0  # the env clips to [-1, 1], as the actor's tanh does
     assert 0.0 < means["shield_rate_limit"] <= 1.0
+
+
+def test_the_shield_penalty_charges_the_reward_for_what_the_clamps_changed() -> None:
+    """reward = task reward - shield_penalty * mean over joints of (wanted - sent)^2, in action units."""
+    from q2real.sim import make
+
+    kwargs = dict(task="panda_reach", num_envs=3, backend="mujoco", device="cpu", seed=2)
+    free, charged = make(**kwargs), make(**kwargs, shield_penalty=0.5)
+    try:
+        free.reset(seed=2)
+        charged.reset(seed=2)
+        action = torch.ones(3, free.action_dim)
+        a, b = free.step(action), charged.step(action)
+        target = free._clamps.previous
+        applied = (target - free.action_offset) / free.action_scale
+        expected = a.reward - 0.5 * ((action - applied) ** 2).mean(-1)
+        torch.testing.assert_close(b.reward, expected)
+        assert (b.reward < a.reward).all()
+    finally:
+        free.close()
+        charged.close()
+    with pytest.raises(ValueError, match="env.shield_penalty: expected a finite weight"):
+        make(**kwargs, shield_penalty=-1.0)
+    with pytest.raises(ValueError, match="env.shield_penalty: penalizes the clamps"):
+        make(**kwargs, shield_penalty=1.0, shield_in_loop=False)
