@@ -91,7 +91,8 @@ def ros_returns(
     bundle: str | Path, config: TrainConfig, starts: list[tuple[dict[str, float], torch.Tensor]], progress=print
 ) -> tuple[torch.Tensor, float]:
     """Returns of one episode per (initial joint positions, command) in `starts`, run through the ROS 2
-    node on the sim robot, and the shield's clamp interventions per tick over all of them (ramps included)."""
+    node on the sim robot, and the shield's clamp rule firings per tick over every tick of every
+    deployment (the ramp and the slack after the episode included)."""
     env = make_task(dataclasses.replace(config.env, num_envs=1, backend="mujoco", device="cpu"))
     task, model = env.task, env.task.model
     env.close()

@@ -215,6 +215,7 @@ def run_gate(
                 seed=seed,
                 randomization=randomization,
                 shield_in_loop=False,  # the robot's own shields, one per env, stand in for it
+                shield_penalty=0.0,  # and the return is the task's, not training's
             )
         )
 
