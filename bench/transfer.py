@@ -33,7 +33,7 @@ from pathlib import Path
 from q2real.agents.config import TrainConfig
 from q2real.agents.train import train
 from q2real.configs.loader import load
-from q2real.gate.transfer import run_gate
+from q2real.gate.transfer import ROS_EPISODES, run_gate
 from q2real.sim import RandomizationConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -90,7 +90,7 @@ def main() -> None:
             # The controls' rows of interest (gains, payload, the shield) need no second backend, and MJX
             # on a CPU compiles every row afresh: they are gated on the training backend.
             backend = args.gate_backend if name == "positive" else "mujoco"
-            ros_episodes = min(8, args.episodes)
+            ros_episodes = min(ROS_EPISODES, args.episodes)
             report = run_gate(run, backend, args.episodes, ros=name != "negative", ros_episodes=ros_episodes)
             results[f"panda_reach_{name}"] = {**report, "train_seconds": seconds}
             save(results)
@@ -99,7 +99,9 @@ def main() -> None:
             run, seconds = trained("sac_spot_joystick", "spot_joystick", [], root, args.locomotion_steps)
             print(f"spot_joystick: trained in {seconds:.0f} s")
             rows = ["nominal", "all together", "all beyond"]
-            spot = run_gate(run, episodes=args.episodes, only=rows, ros=True, ros_episodes=min(8, args.episodes))
+            spot = run_gate(
+                run, episodes=args.episodes, only=rows, ros=True, ros_episodes=min(ROS_EPISODES, args.episodes)
+            )
             results["spot_joystick"] = {**spot, "train_seconds": seconds}
             save(results)
             shutil.copy(run / "transfer.png", RESULTS / "transfer_spot_joystick.png")

@@ -170,6 +170,8 @@ def _transfer(args: argparse.Namespace) -> int:
     from q2real.gate.transfer import run_gate
 
     print(f"q2real transfer: {args.run_dir}")
+    # Unset options keep the gate's own defaults.
+    defaults = {k: v for k, v in (("ros_episodes", args.ros_episodes), ("threshold", args.threshold)) if v is not None}
     report = run_gate(
         args.run_dir,
         backend=args.backend,
@@ -177,8 +179,7 @@ def _transfer(args: argparse.Namespace) -> int:
         seed=args.seed,
         only=args.only,
         ros=args.ros,
-        ros_episodes=args.ros_episodes,
-        threshold=args.threshold,
+        **defaults,
     )
     print(
         f"return as trained {report['reference_return']:.2f} (no shield {report['unshielded_return']:.2f}); "
@@ -240,8 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--seed", type=int, default=54321)
     gate.add_argument("--only", nargs="+", metavar="ROW", help="evaluate only these rows (e.g. nominal payload)")
     gate.add_argument("--ros", action="store_true", help="also run the bundle through the ROS 2 node and sim robot")
-    gate.add_argument("--ros-episodes", type=int, default=8, help="episodes through the node (real time each)")
-    gate.add_argument("--threshold", type=float, default=0.9, help="lowest ratio interval bound a row may have")
+    gate.add_argument("--ros-episodes", type=int, help="episodes through the node, real time each (default 8)")
+    gate.add_argument("--threshold", type=float, help="lowest ratio interval bound a row may have (default 0.9)")
     gate.set_defaults(func=_transfer)
     roll = command("rollout", help="run a random or zero policy through a task and log its returns")
     _job_arguments(roll)

@@ -36,6 +36,7 @@ from q2real.gate.transfer import GateError
 from q2real.hardware.action import action_from_command
 from q2real.sim.physics import PhysicsState
 from q2real.sim.registry import make_task
+from q2real.sim.shield_clamps import RULES
 
 
 class _Wire:
@@ -83,8 +84,9 @@ class _Wire:
             self.run_since = time.monotonic()
 
 
-CLAMPS = ("ACTION_CLIPPED", "POSITION_LIMIT", "RATE_LIMIT", "EFFORT_LIMIT", "GAIN_REDUCED")
-"""The shield's rules that change a policy's action (the rest are faults and fallbacks)."""
+CLAMPS = (*RULES, "GAIN_REDUCED")
+"""The shield's rules that change a policy's action (the rest are faults and fallbacks): those training
+reproduces, and the effort rule's last resort."""
 
 
 def ros_returns(

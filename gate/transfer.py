@@ -79,7 +79,15 @@ def ratio_interval(returns: torch.Tensor, reference: torch.Tensor, seed: int = 0
     return low, high
 
 
-def judged(name: str, returns: torch.Tensor, reference: torch.Tensor, threshold: float, **fields) -> Row:
+def judged(
+    name: str,
+    returns: torch.Tensor,
+    reference: torch.Tensor,
+    threshold: float,
+    in_range: bool = True,
+    magnitude: str = "-",
+    required: bool = True,
+) -> Row:
     """A row of `returns` against the `reference` returns of the same episodes. Where the reference's
     mean return is not positive a ratio says nothing (a policy that falls without the shield scores
     below zero): the row passes when its mean return is at least the reference's."""
@@ -90,7 +98,7 @@ def judged(name: str, returns: torch.Tensor, reference: torch.Tensor, threshold:
         passed = mean >= float(reference.mean())
     else:
         passed = (ratio if low is None else low) >= threshold
-    return Row(name, fields.pop("in_range", True), mean, std, ratio, low, high, passed=passed, **fields)
+    return Row(name, in_range, mean, std, ratio, low, high, magnitude, required, passed)
 
 
 def in_training_return(run_dir: Path) -> float:
@@ -247,8 +255,7 @@ def run_gate(
     rows: list[Row] = [shield_row]
     for p in rows_wanted:
         returns = returns_on(backend, p.randomization)
-        fields = {"in_range": p.in_range, "magnitude": p.magnitude, "required": p.required}
-        rows.append(judged(p.name, returns, reference_returns, threshold, **fields))
+        rows.append(judged(p.name, returns, reference_returns, threshold, p.in_range, p.magnitude, p.required))
         show(rows[-1])
     ros_rate = None
     if ros:

@@ -41,6 +41,7 @@ def _running(bundle) -> tuple[PolicyNode, float]:
     return node, now
 
 
+@pytest.mark.slow  # 300 examples of up to 80 events through the node: 3-7 s on 2 cores
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     autostart=st.booleans(),
