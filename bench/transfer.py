@@ -9,15 +9,16 @@ episodes. The positive control and Spot are gated on MJX (the other backend), th
 runs on native MuJoCo. The three Panda runs differ in one setting each:
 
 - positive control: the preset (shield clamps in the loop, randomization covering every gate row);
-- no shield in the loop: the preset with `env.shield_in_loop=false`;
+- no shield in the loop: the preset with `env.shield_in_loop=false` (and so no shield penalty);
 - negative control: the preset with no randomization at all.
 
 Prints each gate table, writes bench/results/transfer.json (headline and every report; the gate plots
 beside it) and prints the headline
 JSON as its last line: transfer_ratio_in_range_lower (the positive control's lowest in-range interval
 bound), negative_control_fails (1 when the gate failed the un-randomized policy) and
-shield_intervention_rate_ratio (the shield's clamp interventions per tick on the ROS path for the
-policy trained without the shield in the loop over the one trained with it).
+shield_intervention_rate_ratio (the fraction of the policy's ticks on which the node's shield changed
+its command, on the ROS path, for the policy trained without the shield in the loop over the one
+trained with it; the same fraction on the gate's simulated episodes is reported beside it).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ NO_RANDOMIZATION = [
 ]
 REACH = {
     "positive": [],
-    "no_shield_in_loop": ["env.shield_in_loop=false"],
+    "no_shield_in_loop": ["env.shield_in_loop=false", "env.shield_penalty=0"],  # the penalty charges the clamps
     "negative": NO_RANDOMIZATION,
 }
 
@@ -115,22 +116,31 @@ def main() -> None:
             f"\n{name}: return as trained {report['reference_return']:.2f} on the gate's episodes (no shield "
             f"{report['unshielded_return']:.2f}, logged evaluation {report['in_training_return']:.2f}; trained in "
             f"{report['train_seconds']:.0f} s); gate on {report['gate_backend']}, {report['episodes']} episodes "
-            f"per row: {verdict}"
+            f"per row: {verdict}; the shield changed the command on {100 * report['shield_intervention_rate']:.1f} % "
+            f"of ticks as trained ({', '.join(f'{k} {100 * v:.1f} %' for k, v in report['shield_rule_rates'].items())})"
         )
         table(report)
     positive, negative = results["panda_reach_positive"], results["panda_reach_negative"]
-    without, with_ = (
-        results[f"panda_reach_{k}"]["ros_shield_intervention_rate"] for k in ("no_shield_in_loop", "positive")
-    )
+    unshielded = results["panda_reach_no_shield_in_loop"]
+
+    def ratio(key: str) -> float | None:
+        """Of the run trained without the shield in the loop over the one trained with it."""
+        return round(unshielded[key] / positive[key], 3) if positive[key] else None
+
     headline = {
         "transfer_ratio_in_range_lower": round(positive["transfer_ratio_in_range_lower"], 3),
         "negative_control_fails": int(not negative["passed"]),
-        "shield_intervention_rate_ratio": round(without / with_, 3) if with_ > 0 else None,
+        "shield_intervention_rate_ratio": ratio("ros_shield_intervention_rate"),
+        "shield_change_ratio": ratio("ros_shield_change"),
+        "sim_shield_intervention_rate_ratio": ratio("shield_intervention_rate"),
+        "sim_shield_change_ratio": ratio("shield_change"),
         "positive_control_passes": int(positive["passed"]),
         "reach_return_as_trained": round(positive["reference_return"], 2),
-        "ros_interventions_per_tick_with": round(with_, 4),
-        "ros_interventions_per_tick_without": round(without, 4),
+        "reach_return_without_shield": round(positive["unshielded_return"], 2),
     }
+    for name, report in (("with", positive), ("without", unshielded)):
+        for key in ("ros_shield_intervention_rate", "ros_shield_change", "shield_intervention_rate", "shield_change"):
+            headline[f"{key}_{name}"] = round(report[key], 4)
     if "spot_joystick" in results:
         headline["locomotion_transfer_ratio_in_range"] = round(results["spot_joystick"]["transfer_ratio_in_range"], 3)
     save(results, headline)

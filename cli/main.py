@@ -158,7 +158,9 @@ def _deploy(args: argparse.Namespace) -> int:
     print(
         f"stopped after {summary.ticks} ticks in mode {summary.mode}; latency p50 {summary.latency_p50_ms:.3f} ms "
         f"p99 {summary.latency_p99_ms:.3f} ms; loop deadline misses {summary.loop_deadline_misses}; "
-        f"refused messages {summary.refused_messages}; shield {summary.shield_counters or 'no interventions'}"
+        f"refused messages {summary.refused_messages}; shield rules {summary.shield_counters or 'none fired'}; "
+        f"the shield changed the policy's command on {summary.run_interventions} of its {summary.run_ticks} ticks, "
+        f"by {summary.run_change / max(summary.run_ticks, 1):.3f} per joint and tick in action units"
     )
     stages = ", ".join(f"{name} {s['p99_ms']:.3f}" for name, s in summary.stages.items() if name != "total")
     print(f"tick path p99 ms: {stages}" + (f" (every tick in {args.timings})" if args.timings else ""))

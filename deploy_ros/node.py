@@ -332,6 +332,8 @@ class PolicyNode:
         if shield.mode == Mode.RAMP and self._handover:
             if fault is None and shield.run():
                 self._handover = False
+                # A new run starts at the default pose, an action of zeros: no previous run's last output.
+                self._last_action[:] = 0.0
             self._hold_back(fault[0] if fault is not None else "")
         else:
             self.held_back = ""  # no handover pending (a reset or an e-stop cancelled it)

@@ -40,6 +40,12 @@ class Summary:
     loop_deadline_misses: int
     refused_messages: int
     shield_counters: dict[str, int]
+    run_ticks: int
+    """Ticks the policy ran (shield in RUN)."""
+    run_interventions: int
+    """Of those, ticks on which one of the shield's clamps changed the policy's command."""
+    run_change: float
+    """Their sum of how far the clamps moved it (`q2real.safety.shield.Counters.run_change`)."""
     stages: dict[str, dict[str, float]]
     """p50/p99/max milliseconds per stage of the tick path (`q2real.deploy_ros.timing.SPANS`)."""
     realtime: list[str]
@@ -138,6 +144,9 @@ def deploy(
         loop_deadline_misses=node.loop_misses,
         refused_messages=sum(node.refused.values()),
         shield_counters={k: v for k, v in node.shield.counters.rules.items() if v},
+        run_ticks=node.shield.counters.run_ticks,
+        run_interventions=node.shield.counters.run_interventions,
+        run_change=node.shield.counters.run_change,
         stages=stages,
         realtime=applied,
     )

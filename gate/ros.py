@@ -36,7 +36,6 @@ from q2real.gate.transfer import GateError
 from q2real.hardware.action import action_from_command
 from q2real.sim.physics import PhysicsState
 from q2real.sim.registry import make_task
-from q2real.sim.shield_clamps import RULES
 
 
 class _Wire:
@@ -84,17 +83,13 @@ class _Wire:
             self.run_since = time.monotonic()
 
 
-CLAMPS = (*RULES, "GAIN_REDUCED")
-"""The shield's rules that change a policy's action (the rest are faults and fallbacks): those training
-reproduces, and the effort rule's last resort."""
-
-
 def ros_returns(
     bundle: str | Path, config: TrainConfig, starts: list[tuple[dict[str, float], torch.Tensor]], progress=print
-) -> tuple[torch.Tensor, float]:
+) -> tuple[torch.Tensor, float, float]:
     """Returns of one episode per (initial joint positions, command) in `starts`, run through the ROS 2
-    node on the sim robot, and the shield's clamp rule firings per tick over every tick of every
-    deployment (the ramp and the slack after the episode included)."""
+    node on the sim robot; the fraction of the policy's ticks (the node's shield in RUN, over every
+    deployment) on which a shield clamp changed its command, and the mean change per tick
+    (`q2real.safety.shield.Counters`)."""
     env = make_task(dataclasses.replace(config.env, num_envs=1, backend="mujoco", device="cpu"))
     task, model = env.task, env.task.model
     env.close()
@@ -104,14 +99,15 @@ def ros_returns(
     duration = node_config.shield.ramp_time + episode * task.spec.control_period + 3.0
     progress(f"  ROS 2 row: node + sim robot in real time, {len(starts)} episodes of {duration:.0f} s and start-up")
     use_loopback()
-    returns, interventions, ticks = [], 0, 0
+    returns, interventions, ticks, change = [], 0, 0, 0.0
     for initial, command in starts:
         task.command = command.reshape(1, -1).cpu()
         wire, summary = _deployed(bundle, node_config, task, initial, duration)
         returns.append(_episode_return(task, model, wire, episode))
-        interventions += sum(summary.shield_counters.get(rule, 0) for rule in CLAMPS)
-        ticks += summary.ticks
-    return torch.tensor(returns), interventions / max(ticks, 1)
+        interventions += summary.run_interventions
+        ticks += summary.run_ticks
+        change += summary.run_change
+    return torch.tensor(returns), interventions / max(ticks, 1), change / max(ticks, 1)
 
 
 def _deployed(bundle, node_config: NodeConfig, task, initial: dict[str, float], duration: float):

@@ -31,6 +31,7 @@ from q2real.deploy_ros.schema import robot_from_metadata
 from q2real.gate.perturbations import perturbations
 from q2real.hardware import robot_spec
 from q2real.hardware.action import action_from_command
+from q2real.safety.flags import CLAMPS
 from q2real.safety.shield import Shield, ShieldConfig
 from q2real.sim import RandomizationConfig
 from q2real.sim.config import resolve_backend
@@ -115,8 +116,21 @@ def in_training_return(run_dir: Path) -> float:
     return float(evals[-1])
 
 
-def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bool = True) -> torch.Tensor:
-    """Return of the first episode of every env, acting with the bundle through one shield per env
+@dataclass
+class Episodes:
+    returns: torch.Tensor
+    """Of the first episode of every env."""
+    interventions: float
+    """Fraction of the episodes' ticks on which a shield clamp changed the policy's command."""
+    change: float
+    """Mean over the episodes' ticks of how far the clamps moved the command (mean over joints, in
+    action units; `q2real.safety.shield.Counters.run_change`)."""
+    rules: dict[str, float]
+    """Fraction of the episodes' ticks on which each clamp rule acted (those that ever did)."""
+
+
+def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bool = True) -> Episodes:
+    """The first episode of every env, acting with the bundle through one shield per env
     (`shielded=False`: the bundle's actions straight to the env, as trained without a shield).
 
     Each env gets the shield a robot would run (rebuilt from the bundle's metadata), started directly
@@ -140,7 +154,13 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
     physics = env.physics
     returns = torch.zeros(env.num_envs)
     finished = torch.zeros(env.num_envs, dtype=torch.bool)
+    flags = np.zeros(env.num_envs, dtype=np.int64)
+    fired = {str(rule.name): 0 for rule in CLAMPS}
+    ticks = interventions = 0
+    change = 0.0
     scale, offset = shields[0].scale, shields[0].offset
+    # A `last_action` term is the policy's own previous output on the robot; the env saw the shield's.
+    last = _term(env, "last_action")
     t = 0.0
     for shield, q, qd in zip(shields, *_joints(task, physics), strict=True):
         shield.tick(names, q, qd, t, t)
@@ -157,13 +177,33 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
             command = shield.tick(names, q[i], qd[i], t, t, actions[i], 0.0)
             value = command.effort if shield.torque else command.position
             commanded[i] = action_from_command(value, scale, offset)
+            flags[i] = command.flags
+        if shielded:
+            running = ~finished.numpy()
+            counted = flags[running]
+            ticks += len(counted)
+            clamped = (counted & int(CLAMPS)) != 0
+            interventions += int(np.count_nonzero(clamped))
+            change += float(np.abs(commanded - actions)[running][clamped].mean(-1).sum())
+            for rule in CLAMPS:
+                fired[str(rule.name)] += int(np.count_nonzero(counted & int(rule)))
         result = env.step(torch.from_numpy(commanded).float().to(env.device))
         physics = env.physics
         returns += torch.where(finished, 0.0, result.reward.cpu())
         finished |= result.done.cpu()
         obs = result.obs
+        if last is not None:
+            obs[:, last] = torch.from_numpy(np.clip(actions, -1.0, 1.0)).to(obs)
         t += dt
-    return returns
+    rules = {name: n / max(ticks, 1) for name, n in fired.items() if n}
+    return Episodes(returns, interventions / max(ticks, 1), change / max(ticks, 1), rules)
+
+
+def _term(env: TaskEnv, name: str) -> slice | None:
+    if name not in env.obs_names:
+        return None
+    start = sum(env.obs_dims[: env.obs_names.index(name)])
+    return slice(start, start + env.obs_dims[env.obs_names.index(name)])
 
 
 def _joints(task, physics) -> tuple[np.ndarray, np.ndarray]:
@@ -228,6 +268,9 @@ def run_gate(
         )
 
     def returns_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> torch.Tensor:
+        return episodes_on(on, randomization, shielded).returns
+
+    def episodes_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> Episodes:
         env = env_on(on, randomization)
         try:
             return shielded_returns(bundle, env, seed, shielded)
@@ -244,9 +287,15 @@ def run_gate(
 
     # The reference: the same bundle and shield on the very episodes of every row, as in training
     # (trained backend, trained randomization), so row ratios are paired, not two noisy means.
-    reference_returns = returns_on(trained_backend, config.env.randomization)
+    as_trained = episodes_on(trained_backend, config.env.randomization)
+    reference_returns = as_trained.returns
     reference = float(reference_returns.mean())
-    progress(f"  {'as trained':<22} {'reference':<9} return {reference:9.2f}   (logged evaluation {logged:.2f})")
+    progress(
+        f"  {'as trained':<22} {'reference':<9} return {reference:9.2f}   (logged evaluation {logged:.2f}); "
+        f"the shield changed the command on {100 * as_trained.interventions:.1f} % of ticks "
+        f"({', '.join(f'{k} {100 * v:.1f} %' for k, v in as_trained.rules.items()) or 'no rule acted'}), "
+        f"by {as_trained.change:.3f} per joint and tick in action units"
+    )
     # What the shield costs: the same episodes with the bundle's actions straight to the simulator.
     unshielded_returns = returns_on(trained_backend, config.env.randomization, shielded=False)
     shield_row = judged("shield", reference_returns, unshielded_returns, threshold, magnitude="with / without")
@@ -257,7 +306,7 @@ def run_gate(
         returns = returns_on(backend, p.randomization)
         rows.append(judged(p.name, returns, reference_returns, threshold, p.in_range, p.magnitude, p.required))
         show(rows[-1])
-    ros_rate = None
+    ros_rate = ros_change = None
     if ros:
         from q2real.gate.ros import ros_returns
 
@@ -270,7 +319,7 @@ def run_gate(
             ]
         finally:
             env.close()
-        returns, ros_rate = ros_returns(bundle_path, config, starts, progress)
+        returns, ros_rate, ros_change = ros_returns(bundle_path, config, starts, progress)
         rows.append(judged("via ROS 2 node", returns, reference_returns[:ros_episodes], threshold, magnitude="nominal"))
         show(rows[-1])
     judged_rows = [r for r in rows if r.required]
@@ -294,7 +343,11 @@ def run_gate(
         "transfer_ratio_in_range_lower": min(
             (r.low for r in transfer if r.in_range and r.low is not None), default=None
         ),
+        "shield_intervention_rate": as_trained.interventions,
+        "shield_change": as_trained.change,
+        "shield_rule_rates": as_trained.rules,
         "ros_shield_intervention_rate": ros_rate,
+        "ros_shield_change": ros_change,
     }
     verdict = "PASSED" if report["passed"] else f"FAILED on {', '.join(report['failed_rows'])}"
     progress(f"  gate {verdict} (a row passes when its interval's lower end is at least {threshold})")

@@ -41,3 +41,10 @@ class Rule(IntFlag):
     RAMP_REFUSED = 1 << 13
     WORKSPACE = 1 << 14
     """Forward kinematics of the target left the workspace box; the previous target was held."""
+
+
+CLAMPS = (
+    Rule.ACTION_CLIPPED | Rule.POSITION_LIMIT | Rule.RATE_LIMIT | Rule.EFFORT_LIMIT | Rule.GAIN_REDUCED | Rule.WORKSPACE
+)
+"""The rules that change a running policy's command (the rest are faults and their fallbacks): what an
+intervention counts."""

@@ -34,13 +34,14 @@ import numpy as np
 
 from q2real.configs import checks
 from q2real.hardware import RobotSpec
-from q2real.hardware.action import action_mapping, command_from_action
-from q2real.safety.flags import Mode, Rule
+from q2real.hardware.action import action_from_command, action_mapping, command_from_action
+from q2real.safety.flags import CLAMPS, Mode, Rule
 from q2real.safety.limits import clip, gain_scale, outward_effort_zeroed
 
 # Plain ints in the per-tick path: IntFlag arithmetic costs microseconds per operation.
 R = SimpleNamespace(**{str(rule.name): int(rule) for rule in Rule})
 _BITS = [(str(rule.name), int(rule)) for rule in Rule]
+_CLAMPS = int(CLAMPS)
 
 Veto = Callable[[np.ndarray, np.ndarray, np.ndarray], bool]
 """veto(q, qd, action) -> True when the action is unsafe and must be replaced by the fallback."""
@@ -125,9 +126,22 @@ class Command:
 class Counters:
     rules: dict[str, int] = field(default_factory=lambda: {str(r.name): 0 for r in Rule})
     ticks: int = 0
+    run_ticks: int = 0
+    """Ticks in RUN: the policy's own."""
+    run_interventions: int = 0
+    """RUN ticks on which a clamp (`CLAMPS`) changed the policy's command: over `run_ticks`, how often
+    the shield overrides the policy, with neither the ramp's nor a fallback's ticks in the count."""
+    run_change: float = 0.0
+    """Sum over RUN ticks of how far the clamps moved the command (mean over joints, in action units,
+    from the unclipped action): over `run_ticks`, how hard the policy presses against the rules, which
+    a count cannot tell once some joint is clamped on every tick."""
 
-    def add(self, flags: int) -> None:
+    def add(self, flags: int, mode: Mode, change: float = 0.0) -> None:
         self.ticks += 1
+        if mode == Mode.RUN:
+            self.run_ticks += 1
+            self.run_interventions += bool(flags & _CLAMPS)
+            self.run_change += change
         if flags:
             for name, bit in _BITS:
                 if flags & bit:
@@ -368,6 +382,7 @@ class Shield:
             self.fall_back("no valid, fresh joint state within max_state_age")
         target = self._previous.copy()
         effort = np.zeros(len(self.names))
+        wanted = None
         if self.mode == Mode.RUN:
             action, action_flags = self._action(action, policy_time)
             flags |= action_flags
@@ -380,6 +395,7 @@ class Shield:
                 clipped = clip(action, -self.config.action_clip, self.config.action_clip)
                 if (clipped != action).any():
                     flags |= R.ACTION_CLIPPED
+                wanted = action
                 if self.torque:
                     effort = command_from_action(clipped, self.scale, self.offset)
                 else:
@@ -390,9 +406,10 @@ class Shield:
             alpha = min(1.0, self._ramp_ticks * self.dt / ramp) if ramp > 0 else 1.0
             assert self._ramp_from is not None, "RAMP starts from a measured pose"
             target = (1 - alpha) * self._ramp_from + alpha * self.default
-        return self._finish(target, effort, flags)
+        return self._finish(target, effort, flags, wanted)
 
-    def _finish(self, target: np.ndarray, effort: np.ndarray, flags: int) -> Command:
+    def _finish(self, target: np.ndarray, effort: np.ndarray, flags: int, wanted: np.ndarray | None = None) -> Command:
+        """`wanted`: the policy's action this tick, if it was used."""
         mode = self.mode
         n = len(self.names)
         q = self._q if self._q is not None else self._previous
@@ -436,6 +453,10 @@ class Shield:
             effort = clip(limited, -headroom, headroom)
             kd = np.where(damping > self.max_effort, kd * self.max_effort / np.maximum(damping, 1e-12), kd)
         self._previous = target
-        self.counters.add(flags)
+        change = 0.0
+        if wanted is not None and flags & _CLAMPS:
+            sent = action_from_command(effort if self.torque else target, self.scale, self.offset)
+            change = float(np.abs(sent - wanted).mean())
+        self.counters.add(flags, mode, change)
         reason, self._pending_reason = self._pending_reason, ""
         return Command(mode, target.copy(), kp, kd, effort, Rule(flags), reason)

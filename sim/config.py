@@ -31,9 +31,12 @@ class EnvConfig:
     policy learns under the rules the robot's shield will apply. None: on for q2real tasks (each runs
     on a robot spec and deploys behind the shield), off for adapters; true on an adapter is an error."""
     shield_penalty: float = 0.0
-    """With the clamps in the loop, subtract this times the mean squared change they made to the action
-    (in action units, per joint) from every step's reward, so the policy learns to need the shield less
-    rather than to lean on it; 0: the clamps only shape the dynamics."""
+    """With the clamps in the loop, subtract this times how far they moved the action (mean over joints
+    of |wanted - sent|, in action units) from every step's reward: the shield's intervention charged, so
+    the policy learns to stay inside the rules rather than lean on them (under the clamps alone it drives
+    into the rate and effort limits, which its return does not see). Linear, so a small overstep still
+    costs: a squared charge vanishes near the rate window, where SAC's exploration noise lives. 0: the
+    clamps only shape the dynamics."""
 
 
 def resolve_device(name: str) -> torch.device:

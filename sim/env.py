@@ -82,14 +82,15 @@ class TaskEnv(VecEnv):
         self._push_gap = self._push_gap.to(self.device)
         self._xfrc = torch.zeros(n, model.nbody, 6, device=self.device)
 
+        self.task.last_action = torch.zeros(n, self.action_dim, device=self.device)
         self.physics = self.backend.set_state(*self._initial(torch.ones(n, dtype=torch.bool)))
         """The true physical state after the last reset or step (after auto-resets), for tools that act
         like a robot's drivers (the transfer gate's shields read joint states from it)."""
-        terms = self.task.observation_terms(self.physics)
+        terms = self.task.observed_terms(self.physics)
         self.obs_names = tuple(terms)
         self.obs_dims = tuple(t.shape[-1] for t in terms.values())
         self.obs_dim = sum(self.obs_dims)
-        sources = self.task.observation_sources()
+        sources = self.task.observed_sources()
         self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
 
     def _initial(self, mask: torch.Tensor):
@@ -127,12 +128,14 @@ class TaskEnv(VecEnv):
         self._steps.zero_()
         self._since_push.zero_()
         self._action_queue.zero_()
+        self.task.last_action.zero_()
         if self._clamps is not None:
             self._clamps.reset(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         return self._noisy(self.task.observe(physics))
 
     def step(self, action: torch.Tensor) -> StepResult:
         applied = self.check_action(action)
+        self.task.last_action = applied  # what the policy asked for (clipped), as the node keeps it
         if self._action_queue.shape[1] > 1:
             self._action_queue = torch.roll(self._action_queue, 1, dims=1)
             self._action_queue[:, 0] = applied
@@ -144,10 +147,10 @@ class TaskEnv(VecEnv):
             # the actuators, the reward and the cost all see the clamped action.
             task, before = self.task, self.physics
             q, qd = before.qpos[:, task.qpos_index], before.qvel[:, task.qvel_index]
-            command, info["shield_rules"] = self._clamps(applied, q, qd)
+            command, info["shield_rules"], changed = self._clamps(applied, q, qd)
             wanted, applied = applied, action_from_command(command, self.action_scale, self.action_offset)
             if self.config.shield_penalty > 0:
-                penalty = self.config.shield_penalty * ((wanted - applied) ** 2).mean(-1)
+                penalty = self.config.shield_penalty * torch.where(changed, (wanted - applied).abs(), 0.0).mean(-1)
         physics = self.backend.step(self.task.action_to_ctrl(applied), self._push() if self._pushes else None)
         true_obs = self.task.observe(physics)
         diverged = ~torch.isfinite(true_obs).all(dim=-1)
@@ -172,6 +175,7 @@ class TaskEnv(VecEnv):
             physics = self.backend.set_state(*self._initial(done))
             self._steps[done] = 0
             self._action_queue[done] = 0.0
+            self.task.last_action = torch.where(done[:, None], 0.0, self.task.last_action)
             if self._clamps is not None:
                 self._clamps.reset(done)
             result.obs = torch.where(done[:, None], self._noisy(self.task.observe(physics)), next_obs)
@@ -185,6 +189,7 @@ class TaskEnv(VecEnv):
             "action_queue": self._action_queue.cpu(),
             "generator": self._gen.get_state(),
             "command": self.task.command.cpu(),
+            "last_action": self.task.last_action.cpu(),
             "pushes": torch.stack([self._since_push, self._push_gap]).cpu(),
         } | ({"shield_previous": self._clamps.previous.cpu()} if self._clamps is not None else {})
 
@@ -194,6 +199,7 @@ class TaskEnv(VecEnv):
         self._action_queue.copy_(state["action_queue"])
         self._gen.set_state(state["generator"])
         self.task.command = state["command"].to(self.device)
+        self.task.last_action = state["last_action"].to(self.device)
         self._since_push.copy_(state["pushes"][0])
         self._push_gap.copy_(state["pushes"][1])
         if self._clamps is not None:

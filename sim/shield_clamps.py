@@ -64,11 +64,15 @@ class ShieldClamps:
         """Envs where `mask` is true start over from the handover's target (the default pose)."""
         self.previous = torch.where(mask[:, None], self.start, self.previous)
 
-    def __call__(self, action: torch.Tensor, q: torch.Tensor, qd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(command in the robot's units (num_envs, joints), which rules acted (num_envs, len(RULES)) bool)
-        for policy actions in [-1, 1] and the measured joint states; advances the previous target."""
+    def __call__(
+        self, action: torch.Tensor, q: torch.Tensor, qd: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(command in the robot's units (num_envs, joints), which rules acted (num_envs, len(RULES)) bool,
+        which joints' commands they changed (num_envs, joints) bool) for policy actions and the measured
+        joint states; advances the previous target."""
         clipped = action.clamp(-self.clip, self.clip)
         acted = [(clipped != action).any(-1)]
+        wanted = self.offset + self.scale * action
         command = self.offset + self.scale * clipped
         if self.torque:
             limited = torch.minimum(torch.maximum(command, -self.max_effort), self.max_effort)
@@ -76,7 +80,7 @@ class ShieldClamps:
             limited = torch.where(pushing_out, torch.zeros_like(limited), limited)
             none = torch.zeros_like(acted[0])
             acted += [none, none, (limited != command).any(-1)]
-            return limited, torch.stack(acted, dim=-1)
+            return limited, torch.stack(acted, dim=-1), limited != wanted
         soft = torch.minimum(torch.maximum(command, self.soft_lo), self.soft_hi)
         lo = torch.maximum(self.previous - self.step, self.hard_lo)
         hi = torch.minimum(self.previous + self.step, self.hard_hi)
@@ -86,4 +90,4 @@ class ShieldClamps:
         feasible = torch.minimum(torch.maximum(reachable, lo), hi)
         acted += [(soft != command).any(-1), (rated != soft).any(-1), (feasible != rated).any(-1)]
         self.previous = feasible
-        return feasible, torch.stack(acted, dim=-1)
+        return feasible, torch.stack(acted, dim=-1), feasible != wanted

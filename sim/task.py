@@ -27,6 +27,11 @@ class TaskConfig:
     pose for position-controlled robots, a fraction of the effort limit for torque-controlled ones;
     None: the whole range (the nearer position limit, the whole effort limit). The bundle carries the
     resulting per-joint scale, so shield and gate map actions as the task did."""
+    observe_last_action: bool = False
+    """Append the policy's previous action (clipped to [-1, 1]; zeros at an episode's start, where the
+    previous target is the default pose) to the observation, as the deploy node's `last_action` term
+    does. The shield's rate limit is a window around the previous target: a policy that cannot see it
+    cannot learn to stay inside it."""
 
 
 class Task(ABC):
@@ -77,6 +82,8 @@ class Task(ABC):
         self._gear = gear if spec.control_mode == "torque" else torch.ones_like(gear)
         self.command = torch.zeros(0, self.command_dim, device=device)
         """The current command of every env (num_envs, command_dim); no rows before the first reset."""
+        self.last_action = torch.zeros(0, self.action_dim, device=device)
+        """The policy's previous action of every env (num_envs, action_dim), kept by the env."""
 
     @property
     def push_body(self) -> int:
@@ -127,8 +134,20 @@ class Task(ABC):
         """True where the episode reached a terminal state."""
         return torch.zeros(physics.qpos.shape[0], dtype=torch.bool, device=self.device)
 
+    def observed_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
+        """The task's observation terms, then the previous action where the config asks for it."""
+        terms = self.observation_terms(physics)
+        return terms | {"last_action": self.last_action} if self.config.observe_last_action else terms
+
+    def observed_sources(self) -> dict[str, dict] | None:
+        """`observation_sources` for `observed_terms`."""
+        sources = self.observation_sources()
+        if sources is None or not self.config.observe_last_action:
+            return sources
+        return sources | {"last_action": {"kind": "last_action"}}
+
     def observe(self, physics: PhysicsState) -> torch.Tensor:
-        return torch.cat(list(self.observation_terms(physics).values()), dim=-1)
+        return torch.cat(list(self.observed_terms(physics).values()), dim=-1)
 
     def noisy_default_pose(self, gen: torch.Generator, num_envs: int, std: float) -> torch.Tensor:
         """The spec's default pose plus Gaussian noise of `std`, kept inside the joint limits."""

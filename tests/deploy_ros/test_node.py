@@ -15,6 +15,7 @@ from q2real.deploy_ros.schema import METADATA_KEY, BundleError
 from q2real.deploy_ros.settings import NodeConfig, config_from_parameters
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig
+from tests.deploy_ros.conftest import export_fresh_agent
 
 DT = 0.02
 
@@ -154,3 +155,37 @@ def test_ros_parameters_map_onto_the_node_config_strictly() -> None:
         config_from_parameters({"policy.path": "p.onnx", "shield.ramp_tme": 1.0})
     with pytest.raises(ValueError, match="policy.path"):
         config_from_parameters({"command_style": "forward"})
+
+
+def test_a_new_run_does_not_observe_the_last_runs_action(tmp_path) -> None:
+    """At every handover the previous target is the default pose, an action of zeros (as in training):
+    after an e-stop and a restart the policy's first observation does not carry the last run's output."""
+    bundle = export_fresh_agent("panda_reach", tmp_path / "panda.onnx", {"observe_last_action": True})
+    node = PolicyNode(bundle, NodeConfig(autostart=True, shield=ShieldConfig(ramp_time=0.1)))
+    terms = node.bundle.info.metadata["observation"]["terms"]
+    start = sum(t["dim"] for t in terms[: [t["name"] for t in terms].index("last_action")])
+    last = slice(start, start + node.bundle.info.action_dim)
+    pose = [float(v) for v in node.spec.array("default_position")]
+    assert node.on_task_command([0.5, 0.0, 0.4]) is None
+    now = 100.0
+
+    def first_run_observation() -> np.ndarray:
+        nonlocal now
+        for _ in range(20):
+            node.on_joint_state(list(node.joints), pose, [0.0] * len(pose), [], received=now)
+            tick = node.tick(now)
+            now += DT
+            if tick.observation is not None:
+                return tick.observation.reshape(-1)
+        raise AssertionError(f"no RUN tick (mode {node.shield.mode.name})")
+
+    assert np.all(first_run_observation()[last] == 0.0)
+    second = first_run_observation()  # the next tick sees the policy's first output
+    assert np.any(second[last] != 0.0) and np.all(np.abs(second[last]) <= 1.0)
+    node.on_estop(True)
+    node.tick(now)
+    node.on_reset()
+    node.tick(now)
+    assert node.shield.mode == Mode.PASSIVE
+    node.start()  # the operator's: an e-stop ends autostart
+    assert np.all(first_run_observation()[last] == 0.0)

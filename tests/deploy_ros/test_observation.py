@@ -59,14 +59,19 @@ def _rotated_imu(tmp_path: Path, robot: str) -> RobotSpec:
 
 
 @pytest.mark.parametrize(
-    ("task", "mounting"),
-    [(t, "shipped") for t in task_names()] + [("spot_joystick", "rotated"), ("gr1_stand", "rotated")],
+    ("task", "mounting", "last_action"),
+    [(t, "shipped", False) for t in task_names()]
+    + [("spot_joystick", "rotated", False), ("gr1_stand", "rotated", False)]
+    + [("panda_reach", "shipped", True), ("spot_joystick", "shipped", True)],
 )
-def test_builder_reproduces_the_task_observation_from_the_robots_messages(task: str, mounting: str, tmp_path) -> None:
+def test_builder_reproduces_the_task_observation_from_the_robots_messages(
+    task: str, mounting: str, last_action: bool, tmp_path
+) -> None:
     """Sim states -> the messages the sim robot publishes (joint states; IMU from MuJoCo's sensors at
-    the spec's site, mounted as the spec says; the object tracker's pose; a Twist) -> the node's inputs
-    and builder -> the task's own observation."""
-    env = make(task=task, num_envs=1, device="cpu")
+    the spec's site, mounted as the spec says; the object tracker's pose; a Twist) and the policy's
+    previous action -> the node's inputs and builder -> the task's own observation."""
+    env = make(task=task, num_envs=1, device="cpu", task_params={"observe_last_action": last_action})
+    assert ("last_action" in env.obs_names) == last_action
     assert env.obs_sources is not None, f"{task} does not say where its observation terms come from"
     spec = _rotated_imu(tmp_path, env.task.robot) if mounting == "rotated" else env.task.spec
     world = SimWorld(spec, SimRobotConfig(task=task))
@@ -77,6 +82,7 @@ def test_builder_reproduces_the_task_observation_from_the_robots_messages(task: 
     rows = 32
     qpos, qvel = _random_states(model, rows, gen)
     env.task.command = env.task.sample_command(rows, gen)
+    env.task.last_action = torch.rand(rows, env.action_dim, generator=gen) * 2 - 1
     sensors = torch.zeros(rows, model.nsensordata, dtype=torch.float64)
     for row in range(rows):
         data.qpos[:], data.qvel[:] = qpos[row].numpy(), qvel[row].numpy()
@@ -99,7 +105,8 @@ def test_builder_reproduces_the_task_observation_from_the_robots_messages(task: 
         if "velocity_command" in builder.streams:
             twist = msg.Twist(msg.Vector3(command[0], command[1], 0.0), msg.Vector3(0.0, 0.0, command[2]))
             assert inputs.on_velocity_command(twist, 0.0) is None
-        values = {"last_action": np.zeros(env.action_dim), "command": command} | inputs.values(0.0)
+        previous = env.task.last_action[row].double().numpy()
+        values = {"last_action": previous, "command": command} | inputs.values(0.0)
         got = builder(position, velocity, values)
         np.testing.assert_allclose(got[0], expected[row].numpy(), rtol=1e-5, atol=1e-5)
     env.close()

@@ -55,7 +55,8 @@ def test_the_shield_is_transparent_to_an_in_limit_policy(pendulum_run: Path) -> 
         return torch.from_numpy(bundle.normalized(bundle(obs.numpy())))
 
     plain = evaluate(policy, env, seed=3)
-    assert torch.allclose(shielded, plain, rtol=1e-5), (shielded, plain)
+    assert torch.allclose(shielded.returns, plain, rtol=1e-5), (shielded.returns, plain)
+    assert shielded.interventions == 0 and shielded.change == 0 and shielded.rules == {}
 
 
 @pytest.mark.mjx
@@ -73,7 +74,7 @@ def test_gate_on_the_default_task_end_to_end(pendulum_run: Path) -> None:
     # The ROS episodes ramp to the bottom before the policy takes over, in real time (measured 0.88).
     ros = by_name["via ROS 2 node"]
     assert ros["ratio"] > 0.6 and ros["low"] is not None and ros["low"] <= ros["ratio"] <= ros["high"]
-    assert 0.0 <= report["ros_shield_intervention_rate"] < 1.0
+    assert 0.0 <= report["ros_shield_intervention_rate"] < 1.0 and report["ros_shield_change"] >= 0.0
     assert report["transfer_ratio_in_range"] == by_name["nominal"]["ratio"]
     assert not by_name["all beyond"]["required"]
     saved = json.loads((pendulum_run / "transfer.json").read_text())
@@ -128,6 +129,9 @@ def test_the_gate_fails_a_policy_that_relies_on_what_the_shield_forbids(tmp_path
     shield = report["rows"][0]
     assert shield["name"] == "shield" and not shield["passed"] and shield["ratio"] < 0.9
     assert report["failed_rows"][0] == "shield"
+    # The interventions are counted: the effort rule on most ticks of a swing-up, and by how much.
+    assert report["shield_intervention_rate"] > 0.3 and report["shield_change"] > 0.05
+    assert set(report["shield_rule_rates"]) == {"EFFORT_LIMIT"}
 
 
 def test_gate_refuses_a_run_without_evaluations(tmp_path: Path, pendulum_run: Path) -> None:

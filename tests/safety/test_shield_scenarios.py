@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from q2real.hardware import JointSpec, RobotSpec, robot_spec
+from q2real.hardware.action import action_from_command
 from q2real.safety import Mode, Rule, Shield, ShieldConfig
+from q2real.safety.flags import CLAMPS
 from q2real.safety.limits import gain_scale
 
 DT = 0.01
@@ -310,3 +312,30 @@ def test_the_default_fallback_is_the_robots_damp_for_a_floating_base(robot: str,
     assert Shield(spec, ShieldConfig(fallback="hold")).fallback == "hold"
     with pytest.raises(ValueError, match="fallback: expected 'hold' or 'damp'"):
         ShieldConfig(fallback="stiff").validate()  # type: ignore[arg-type]
+
+
+def test_interventions_count_the_policy_ticks_on_which_a_clamp_changed_its_command() -> None:
+    """One per RUN tick however many clamps acted; a fault is not a clamp, and the ramp's ticks and the
+    fallback's are not the policy's."""
+    shield, clock = running()
+    ramp_ticks = shield.counters.ticks
+    assert ramp_ticks > 0 and shield.counters.run_ticks == 0
+    for _ in range(3):
+        assert clock.tick(action=np.zeros(2)).flags & CLAMPS == 0  # the default pose: the previous target
+    assert (shield.counters.run_ticks, shield.counters.run_interventions) == (3, 0)
+    jump = clock.tick(action=np.ones(2))
+    assert jump.flags & Rule.RATE_LIMIT and jump.flags & Rule.ACTION_CLIPPED == 0
+    clipped = clock.tick(action=np.full(2, 5.0))
+    assert clipped.flags & Rule.ACTION_CLIPPED and clipped.flags & Rule.RATE_LIMIT  # two rules, one tick
+    assert (shield.counters.run_ticks, shield.counters.run_interventions) == (5, 2)
+    # How far, in action units from the unclipped action: the clipped tick counts from 5, not from 1.
+    sent = [action_from_command(c.position, shield.scale, shield.offset) for c in (jump, clipped)]
+    expected = np.abs(sent[0] - 1.0).mean() + np.abs(sent[1] - 5.0).mean()
+    assert shield.counters.run_change == pytest.approx(expected) and expected > 5.0
+    held = clock.tick(action=np.full(2, math.nan))  # the previous target held for one tick: a fault
+    assert held.mode == Mode.RUN and held.flags == Rule.ACTION_NONFINITE
+    assert (shield.counters.run_ticks, shield.counters.run_interventions) == (6, 2)
+    shield.estop()
+    assert clock.tick(action=np.ones(2)).mode == Mode.ESTOP
+    assert (shield.counters.run_ticks, shield.counters.run_interventions) == (6, 2)
+    assert shield.counters.ticks == ramp_ticks + 7
