@@ -44,3 +44,13 @@ def test_the_pendulum_preset_is_how_the_committed_run_was_trained() -> None:
         config["env"].pop("shield_penalty", None)
         config["env"]["randomization"].pop("payload", None)
     assert preset == trained
+
+
+def test_the_panda_reach_preset_is_how_the_committed_bench_run_was_trained() -> None:
+    """The gate's positive-control test judges the committed run: it must be the preset's, not an older one."""
+    committed = Path(__file__).resolve().parents[1] / "fixtures" / "panda_reach_run" / "config.yaml"
+    trained = yaml.safe_load(committed.read_text())
+    preset = to_dict(load(TrainConfig, "sac_panda_reach"))
+    for config in (trained, preset):
+        config.pop("log")
+    assert preset == trained
