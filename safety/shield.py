@@ -34,7 +34,7 @@ import numpy as np
 
 from q2real.configs import checks
 from q2real.hardware import RobotSpec
-from q2real.hardware.action import action_from_command, action_mapping, command_from_action
+from q2real.hardware.action import action_mapping, command_from_action
 from q2real.safety.flags import CLAMPS, Mode, Rule
 from q2real.safety.limits import clip, gain_scale, outward_effort_zeroed
 
@@ -214,6 +214,7 @@ class Shield:
         self.offset = offset if cfg.action_offset is None else np.asarray(cfg.action_offset, dtype=float)
         if self.scale.shape != (n,) or self.offset.shape != (n,):
             raise ValueError(f"shield: action_scale/action_offset need {n} entries (joints {self.names})")
+        self._inv_scale = np.divide(1.0, self.scale, out=np.zeros(n), where=self.scale != 0)
         self.hold_kd = np.where(self.kd > 0, self.kd, cfg.damp_kd)
         self.fallback = cfg.fallback or ("damp" if spec.imu is not None else "hold")
         """The fallback in force: the configured one, or the robot's (damp for a floating base)."""
@@ -454,9 +455,9 @@ class Shield:
             kd = np.where(damping > self.max_effort, kd * self.max_effort / np.maximum(damping, 1e-12), kd)
         self._previous = target
         change = 0.0
-        if wanted is not None and flags & _CLAMPS:
-            sent = action_from_command(effort if self.torque else target, self.scale, self.offset)
-            change = float(np.abs(sent - wanted).mean())
+        if wanted is not None and flags & _CLAMPS:  # in action units (`action_from_command`), cheaply
+            sent = ((effort if self.torque else target) - self.offset) * self._inv_scale
+            change = float(np.abs(sent - wanted).sum()) / n
         self.counters.add(flags, mode, change)
         reason, self._pending_reason = self._pending_reason, ""
         return Command(mode, target.copy(), kp, kd, effort, Rule(flags), reason)
