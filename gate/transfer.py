@@ -202,8 +202,9 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
 def _term(env: TaskEnv, name: str) -> slice | None:
     if name not in env.obs_names:
         return None
-    start = sum(env.obs_dims[: env.obs_names.index(name)])
-    return slice(start, start + env.obs_dims[env.obs_names.index(name)])
+    i = env.obs_names.index(name)
+    start = sum(env.obs_dims[:i])
+    return slice(start, start + env.obs_dims[i])
 
 
 def _joints(task, physics) -> tuple[np.ndarray, np.ndarray]:

@@ -136,7 +136,7 @@ class Counters:
     from the unclipped action): over `run_ticks`, how hard the policy presses against the rules, which
     a count cannot tell once some joint is clamped on every tick."""
 
-    def add(self, flags: int, mode: Mode, change: float = 0.0) -> None:
+    def add(self, flags: int, mode: Mode, change: float) -> None:
         self.ticks += 1
         if mode == Mode.RUN:
             self.run_ticks += 1
@@ -409,7 +409,7 @@ class Shield:
             target = (1 - alpha) * self._ramp_from + alpha * self.default
         return self._finish(target, effort, flags, wanted)
 
-    def _finish(self, target: np.ndarray, effort: np.ndarray, flags: int, wanted: np.ndarray | None = None) -> Command:
+    def _finish(self, target: np.ndarray, effort: np.ndarray, flags: int, wanted: np.ndarray | None) -> Command:
         """`wanted`: the policy's action this tick, if it was used."""
         mode = self.mode
         n = len(self.names)
