@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.progress import Progress
+from q2real.deploy_ros.chunks import ChunkQueue, ChunkSpec
 from q2real.sim import VecEnv
 
 if TYPE_CHECKING:
@@ -35,9 +37,36 @@ class Callback:
     def on_end(self, trainer: Trainer) -> None: ...
 
 
+class ChunkExecutor:
+    """A chunk policy run tick by tick on `env`'s envs through the robot's queue: `predict(obs)` gives
+    (N, size * action_dim) actions, the executor one action per env and tick."""
+
+    def __init__(self, predict: Callable[[torch.Tensor], torch.Tensor], spec: ChunkSpec, env: VecEnv):
+        self.predict, self.num_envs, self.action_dim = predict, env.num_envs, env.action_dim
+        self.queue = ChunkQueue(spec, env.num_envs, env.action_dim, torch, device=env.device)
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.queue.act(self.predict(obs).view(self.num_envs, -1, self.action_dim))
+
+    def clear(self, done: torch.Tensor) -> None:
+        """Start the ended episodes' envs on a fresh chunk."""
+        self.queue.clear(done)
+
+
+def deterministic_policy(agent: ActorCritic, env: VecEnv) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`agent`'s deterministic actions in [-1, 1] for `env`, chunks executed as the bundle will run them."""
+
+    def predict(obs: torch.Tensor) -> torch.Tensor:
+        return agent.act(obs, deterministic=True).clamp(-1.0, 1.0)
+
+    spec = agent.config.chunk.spec()
+    return ChunkExecutor(predict, spec, env) if spec.size > 1 else predict
+
+
 @torch.no_grad()
 def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int) -> torch.Tensor:
-    """Return of the first episode of every env under `policy` (one episode per env)."""
+    """Return of the first episode of every env under `policy` (one episode per env; what a policy
+    with per-episode state does after its env's episode ended is never counted)."""
     obs = env.reset(seed=seed)
     returns = torch.zeros(env.num_envs, device=env.device)
     finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)

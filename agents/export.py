@@ -34,7 +34,10 @@ OPSET = 17
 
 
 class DeployPolicy(nn.Module):
-    """raw obs -> normalize -> deterministic actor -> clip to [-1, 1] -> joint commands."""
+    """raw obs -> normalize -> deterministic actor -> clip to [-1, 1] -> joint commands, (batch, action_dim);
+    a chunk policy's are (batch, chunk, action_dim), one row per tick."""
+
+    scale: torch.Tensor
 
     def __init__(self, agent: ActorCritic, scale: torch.Tensor, offset: torch.Tensor):
         super().__init__()
@@ -42,10 +45,14 @@ class DeployPolicy(nn.Module):
         self.actor = copy.deepcopy(agent.actor).cpu()
         self.register_buffer("scale", scale.detach().cpu().float())
         self.register_buffer("offset", offset.detach().cpu().float())
+        self.chunk = agent.config.chunk.policy_length
         self.eval()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return command_from_action(self.actor(self.obs_norm(obs)).clamp(-1.0, 1.0), self.scale, self.offset)
+        action = self.actor(self.obs_norm(obs)).clamp(-1.0, 1.0)
+        if self.chunk > 1:
+            action = action.reshape(-1, self.chunk, self.scale.numel())
+        return command_from_action(action, self.scale, self.offset)
 
 
 def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int) -> dict:
@@ -53,6 +60,8 @@ def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: 
     spec = getattr(env, "spec", None)
     if env.control_period is None:
         raise BundleError(f"{config.env.task}: the env does not say its control period; a bundle needs one")
+    chunk = agent.config.chunk.spec()
+    actions_shape = ["batch", *([chunk.size] if chunk.size > 1 else []), env.action_dim]
     return {
         "schema_version": SCHEMA_VERSION,
         "task": config.env.task,
@@ -78,8 +87,9 @@ def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: 
         },
         "io": {
             "input": {"name": "obs", "shape": ["batch", env.obs_dim]},
-            "output": {"name": "actions", "shape": ["batch", env.action_dim]},
+            "output": {"name": "actions", "shape": actions_shape},
         },
+        **({"chunk": chunk.metadata(env.control_period)} if chunk.size > 1 else {}),
         "training": {"algo": config.algo, "env_steps": step, "config": to_dict(config)},
         "git_sha": git_state(Path(__file__).resolve().parent)["git_sha"],
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

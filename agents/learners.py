@@ -26,6 +26,7 @@ AGENT_SHAPE_KEYS = (
     "num_atoms",
     "noise_repeat",
     "target_actor",
+    "chunk",
 )
 
 

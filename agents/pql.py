@@ -119,7 +119,7 @@ def _learner(
                 counters[WAIT_CRITIC if role == "critic" else WAIT_POLICY] += 1
                 time.sleep(_POLL)
                 continue
-            batch = sampler.sample(replay, job.batch_size, job.n_step, job.gamma)
+            batch = sampler.sample(replay, job.batch_size, job.n_step, job.gamma, 1)
             if role == "critic":
                 metrics = agent.critic_update(batch)
             else:

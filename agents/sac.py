@@ -25,7 +25,8 @@ class SACConfig(ActorCriticConfig):
     style) an initial alpha of 1 lets the entropy bonus swamp the reward for thousands of updates."""
     alpha_lr: float = 3e-4
     target_entropy: float | None = None
-    """Entropy target; None means -|A| (SAC paper), unless `target_action_std` is set."""
+    """Entropy target; None means -|A| (SAC paper; |A| counts every action of a chunk), unless
+    `target_action_std` is set."""
     target_action_std: float | None = None
     """FlashSAC's target: the entropy of a Gaussian with this std per action dim (eq. in Sec. 3.3)."""
     log_std_min: float = -5.0
@@ -62,11 +63,11 @@ class SAC(ActorCritic):
         if config.target_entropy is not None:
             self.target_entropy = config.target_entropy
         elif config.target_action_std is not None:
-            self.target_entropy = 0.5 * action_dim * math.log(2 * math.pi * math.e * config.target_action_std**2)
+            self.target_entropy = 0.5 * self.policy_dim * math.log(2 * math.pi * math.e * config.target_action_std**2)
         else:
-            self.target_entropy = -float(action_dim)
+            self.target_entropy = -float(self.policy_dim)
         self.repeat = (
-            NoiseRepetition(num_envs, action_dim, config.noise_repeat_mu, config.noise_repeat_max, device)
+            NoiseRepetition(num_envs, self.policy_dim, config.noise_repeat_mu, config.noise_repeat_max, device)
             if config.noise_repeat
             else None
         )
@@ -75,7 +76,7 @@ class SAC(ActorCritic):
     def build_actor(self) -> nn.Module:
         cfg = self.config
         return GaussianActor(
-            self.obs_dim, self.action_dim, cfg.actor_hidden, cfg.network, (cfg.log_std_min, cfg.log_std_max)
+            self.obs_dim, self.policy_dim, cfg.actor_hidden, cfg.network, (cfg.log_std_min, cfg.log_std_max)
         )
 
     @property

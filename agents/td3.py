@@ -64,7 +64,7 @@ class TD3(ActorCritic):
         self.noise = MixedGaussianNoise(num_envs, low, config.exploration_noise, config.resample_noise_on_done, device)
 
     def build_actor(self) -> nn.Module:
-        return DeterministicActor(self.obs_dim, self.action_dim, self.config.actor_hidden, self.config.network)
+        return DeterministicActor(self.obs_dim, self.policy_dim, self.config.actor_hidden, self.config.network)
 
     def explore(self, obs: torch.Tensor) -> torch.Tensor:
         return self.noise.perturb(self.actor(obs))

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import torch
 
-from q2real.agents.callbacks import Callback, CheckpointCallback, EvalCallback, LogCallback, StopTraining, evaluate
+from q2real.agents.callbacks import (
+    Callback,
+    CheckpointCallback,
+    ChunkExecutor,
+    EvalCallback,
+    LogCallback,
+    StopTraining,
+    deterministic_policy,
+    evaluate,
+)
 from q2real.agents.common.checkpoint import CHECKPOINT, save_checkpoint
 from q2real.agents.common.episodes import EpisodeTracker
 from q2real.agents.common.guard import FiniteFlags, check_finite, parameters_of
@@ -48,6 +57,9 @@ class Trainer:
         )
         self.sampler = make_sampler(config.sampler, self.replay)
         self.episodes = EpisodeTracker(self.env.num_envs, self.env.device)
+        spec = config.agent.chunk.spec()
+        self.chunks = ChunkExecutor(self.agent.act, spec, self.env) if spec.size > 1 else None
+        """Executes an exploring chunk policy tick by tick, as its bundle will run (None per step)."""
         self.step = self.iteration = 0
         self.update_credit = 0.0
         """Fractional updates owed to the next iteration (`updates_per_step` below 1)."""
@@ -81,6 +93,8 @@ class Trainer:
         env, agent = self.env, self.agent
         if self.step < self.config.warmup_steps:
             action = torch.rand(env.num_envs, env.action_dim, device=env.device) * 2 - 1
+        elif self.chunks is not None:
+            action = self.chunks(self.obs)
         else:
             action = agent.act(self.obs)
         result = env.step(action)
@@ -88,6 +102,8 @@ class Trainer:
         self.replay.add(self.obs, action, result)
         self.sampler.on_add(self.replay)
         agent.observe(result)
+        if self.chunks is not None:
+            self.chunks.clear(result.done)
         self.episodes.update(result)
         self.obs = result.obs
         self.step += env.num_envs
@@ -110,11 +126,12 @@ class Trainer:
         """One critic update on the sampler's critic batch (its TD errors go back to the sampler), and an
         actor update when due, on the sampler's actor batch (or the same one)."""
         agent, sampler, replay, cfg = self.agent, self.sampler, self.replay, self.config.agent
-        batch = sampler.sample(replay, cfg.batch_size, cfg.n_step, cfg.gamma)
+        window = (agent.backup_steps, cfg.gamma, cfg.chunk.size)
+        batch = sampler.sample(replay, cfg.batch_size, *window)
         metrics = agent.critic_update(batch)
         sampler.update(batch, agent.last_td_abs)
         if agent.actor_due():
-            actor_batch = sampler.sample_actor(replay, cfg.batch_size, cfg.n_step, cfg.gamma) or batch
+            actor_batch = sampler.sample_actor(replay, cfg.batch_size, *window) or batch
             metrics.update(agent.actor_update(actor_batch.obs))
         return metrics
 
@@ -202,9 +219,8 @@ class Trainer:
 
     # --- evaluation and checkpoints --------------------------------------------------------------------
     def evaluate(self) -> float:
-        returns = evaluate(
-            lambda obs: self.agent.act(obs, deterministic=True), self.eval_env, self.config.env.seed + 10_000
-        )
+        policy = deterministic_policy(self.agent, self.eval_env)
+        returns = evaluate(policy, self.eval_env, self.config.env.seed + 10_000)
         self.last_eval = float(returns.mean())
         return self.last_eval
 

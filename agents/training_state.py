@@ -41,6 +41,7 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
         "env": trainer.env.state_dict(),
         "obs": trainer.obs,
         "episodes": trainer.episodes.state_dict(),
+        "chunks": trainer.chunks.queue.state_dict() if trainer.chunks is not None else {},
         "rng": {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all()},
     }
 
@@ -61,6 +62,8 @@ def restore(trainer: Trainer, path: Path) -> float:
         trainer.env.load_state_dict(state["env"])
         trainer.obs = state["obs"].to(trainer.env.device)
     trainer.episodes.load_state_dict(state["episodes"])
+    if trainer.chunks is not None:
+        trainer.chunks.queue.load_state_dict({k: v.to(trainer.env.device) for k, v in state["chunks"].items()})
     trainer.step, trainer.iteration = int(state["step"]), int(state["iteration"])
     trainer.update_credit = float(state["update_credit"])
     torch.set_rng_state(state["rng"]["torch"].cpu())

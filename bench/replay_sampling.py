@@ -83,9 +83,9 @@ def main() -> None:
     rows = []
     for batch_size in (256, 4096):
         repeats = 400 if batch_size == 256 else 100
-        t_uniform = timed(lambda b=batch_size: uniform.sample(storage, b, 1, 0.99), repeats)
-        t_prior = timed(lambda b=batch_size: prioritized.sample(storage, b, 1, 0.99), repeats)
-        batch = prioritized.sample(storage, batch_size, 1, 0.99)
+        t_uniform = timed(lambda b=batch_size: uniform.sample(storage, b, 1, 0.99, 1), repeats)
+        t_prior = timed(lambda b=batch_size: prioritized.sample(storage, b, 1, 0.99, 1), repeats)
+        batch = prioritized.sample(storage, batch_size, 1, 0.99, 1)
         td = torch.rand(batch_size)
         t_update = timed(lambda b=batch, d=td: prioritized.update(b, d), repeats)
         t_ref = timed(lambda b=batch_size: buffer.sample(b), repeats)

@@ -140,7 +140,7 @@ def updates_per_second(batch: int, seconds: float, rounds: int) -> dict[str, flo
 
     def q2real_updates() -> None:
         for _ in range(25):
-            agent.update(sampler.sample(storage, batch, 1, 0.99))
+            agent.update(sampler.sample(storage, batch, 1, 0.99, 1))
 
     def rate(work) -> float:
         count, start = 0, time.perf_counter()

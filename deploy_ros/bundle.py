@@ -1,11 +1,12 @@
 """Policy bundles: one ONNX file that carries its policy and everything a robot needs to run it.
 
 The graph maps raw observations (`obs`, shape (batch, obs_dim)) to joint commands in the robot's
-units (`actions`, shape (batch, action_dim)); observation normalization and action scaling are inside
-it. One JSON document under the `q2real` metadata key (and in an identical `<file>.json` sidecar)
-describes the robot, the observation layout, the action mapping, the control period and where the
-policy came from. This module is what runs on the robot: it needs numpy, onnxruntime and the robot
-facts' validator in `q2real.hardware`, which every robot section passes exactly as a spec file does.
+units (`actions`, shape (batch, action_dim), or (batch, chunk, action_dim) for a chunk policy, one row
+per tick); observation normalization and action scaling are inside it. One JSON document under the
+`q2real` metadata key (and in an identical `<file>.json` sidecar) describes the robot, the observation
+layout, the action mapping, the control period, how chunks are executed and where the policy came
+from. This module is what runs on the robot: it needs numpy, onnxruntime and the robot facts' validator
+in `q2real.hardware`, which every robot section passes exactly as a spec file does.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from q2real.deploy_ros.schema import METADATA_KEY, BundleError, BundleInfo, parse_metadata
+from q2real.deploy_ros.schema import METADATA_KEY, BundleError, BundleInfo, chunk_from_metadata, parse_metadata
 from q2real.hardware.action import action_from_command
 
 FLOAT_TENSORS = ("tensor(float)", "tensor(double)")
@@ -69,21 +70,24 @@ class PolicyBundle:
                 f"{source}: graph I/O types: expected obs tensor(float) and actions tensor(float or double), "
                 f"got {inputs[0].type} -> {outputs[0].type}"
             )
+        chunk = chunk_from_metadata(meta, source).size
+        rows = (chunk,) if chunk > 1 else ()
         # Exporters may leave the output width symbolic; probe runs settle it.
         for batch in (1, 2):
             try:
                 probe = self.session.run(None, {"obs": np.zeros((batch, obs_dim), dtype=np.float32)})[0]
             except Exception as err:
                 raise BundleError(f"{source}: graph fails on a batch of {batch} zero observations: {err}") from err
-            if not isinstance(probe, np.ndarray) or probe.shape != (batch, act_dim):
+            if not isinstance(probe, np.ndarray) or probe.shape != (batch, *rows, act_dim):
                 shape = list(probe.shape) if isinstance(probe, np.ndarray) else type(probe).__name__
                 raise BundleError(
                     f"{source}: graph actions shape {shape} for a batch of {batch} disagrees "
-                    f"with metadata (expected [{batch}, {act_dim}])"
+                    f"with metadata (expected {[batch, *rows, act_dim]})"
                 )
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        """Joint commands for a (batch, obs_dim) float32 array of raw observations."""
+        """Joint commands for a (batch, obs_dim) float32 array of raw observations (a chunk of them per
+        observation for a chunk policy)."""
         obs = np.asarray(obs, dtype=np.float32)
         if obs.ndim != 2 or obs.shape[1] != self.info.obs_dim:
             raise ValueError(f"obs: expected shape (batch, {self.info.obs_dim}), got {obs.shape}")

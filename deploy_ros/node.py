@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.deploy_ros.chunks import ChunkQueue
 from q2real.deploy_ros.inputs import Inputs
 from q2real.deploy_ros.observation import ObservationBuilder
 from q2real.deploy_ros.realtime import Collector
@@ -155,6 +156,10 @@ class PolicyNode:
         """Armed until the first e-stop: after one, only an explicit start runs the policy again."""
         self._task_command = np.zeros(self.observation.command_dim)
         self._last_action = np.zeros(self.bundle.info.action_dim, dtype=np.float32)
+        chunk, width = self.bundle.info.chunk, self.bundle.info.action_dim
+        self._chunks = ChunkQueue(chunk, 1, width, np) if chunk.size > 1 else None
+        """A chunk policy's actions still to come; the policy runs only on the ticks it is due."""
+        self._output_shape = (1, *((chunk.size,) if chunk.size > 1 else ()), width)
         self.refused: Counter[str] = Counter()
         self.last_refusal = ""
         self.loop_misses = 0
@@ -332,8 +337,11 @@ class PolicyNode:
         if shield.mode == Mode.RAMP and self._handover:
             if fault is None and shield.run():
                 self._handover = False
-                # A new run starts at the default pose, an action of zeros: no previous run's last output.
+                # A new run starts at the default pose, an action of zeros: no previous run's last output
+                # and no chunk predicted before it.
                 self._last_action[:] = 0.0
+                if self._chunks is not None:
+                    self._chunks.clear(np.ones(1, dtype=bool))
             self._hold_back(fault[0] if fault is not None else "")
         else:
             self.held_back = ""  # no handover pending (a reset or an e-stop cancelled it)
@@ -399,22 +407,37 @@ class PolicyNode:
         return False
 
     def _run_policy(self, obs: np.ndarray) -> tuple[np.ndarray, float | None]:
-        """The policy's action in [-1, 1] and its run time; a failed run or an output of the wrong
-        shape reaches the shield as an unusable action (never as a broadcast or a first row)."""
-        began = time.perf_counter()
-        try:
-            commands = self.bundle(obs)
-        except Exception as err:  # onnxruntime raises its own types; the shield counts the failure
-            self._refuse(f"policy: the bundle failed on this observation: {err}")
-            return np.full(0, np.nan), None
-        policy_time = time.perf_counter() - began
-        if commands.shape != (1, self._last_action.size):
-            self._refuse(f"policy: output shape {commands.shape}, expected (1, {self._last_action.size})")
-            return np.full(0, np.nan), policy_time
-        raw = self.bundle.normalized(commands)[0].astype(np.float64)
+        """This tick's action in [-1, 1] and the policy's run time (None on a tick a chunk policy is
+        not queried: the action comes from its queue, and every one still passes the shield). A failed
+        run or an output of the wrong shape reaches the shield as an unusable action (never as a
+        broadcast or a first row), and empties the queue."""
+        chunks = self._chunks
+        if chunks is not None and not chunks.due()[0]:
+            raw = chunks.act(None)[0]
+            policy_time = None
+        else:
+            began = time.perf_counter()
+            try:
+                commands = self.bundle(obs)
+            except Exception as err:  # onnxruntime raises its own types; the shield counts the failure
+                return self._unusable(f"policy: the bundle failed on this observation: {err}", None)
+            policy_time = time.perf_counter() - began
+            if commands.shape != self._output_shape:
+                return self._unusable(
+                    f"policy: output shape {commands.shape}, expected {self._output_shape}", policy_time
+                )
+            raw = self.bundle.normalized(commands)[0].astype(np.float64)
+            if chunks is not None:
+                raw = chunks.act(raw[None])[0]
         if np.isfinite(raw).all():
             self._last_action[:] = clip(raw, -1.0, 1.0)
         return raw, policy_time
+
+    def _unusable(self, reason: str, policy_time: float | None) -> tuple[np.ndarray, float | None]:
+        self._refuse(reason)
+        if self._chunks is not None:
+            self._chunks.clear(np.ones(1, dtype=bool))
+        return np.full(0, np.nan), policy_time
 
     def _apply_requests(self) -> bool:
         """Apply the operator requests received since the last tick; True if a start is to be tried.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from q2real.configs.errors import Q2RealError
+from q2real.deploy_ros.chunks import ChunkSpec
 from q2real.hardware.spec import RobotSpec, SpecError, build_spec
 
 SCHEMA_VERSION = 1
@@ -108,6 +109,32 @@ def validate_metadata(meta: Any, source: str) -> None:
     if meta.get("robot") is not None:
         robot = robot_from_metadata(meta, source)
         _check_action_range(robot, scale, offset, source)
+    chunk_from_metadata(meta, source)
+
+
+def chunk_from_metadata(meta: dict[str, Any], source: str) -> ChunkSpec:
+    """The bundle's chunk section (absent: one action per query), refused with the field named: every
+    number in it decides which action reaches the shield on which tick."""
+    section = meta.get("chunk")
+    if section is None:
+        return ChunkSpec()
+    keys = {"size", "execute", "ensemble", "dt"}
+    if not isinstance(section, dict) or set(section) != keys:
+        found = sorted(section) if isinstance(section, dict) else brief(section)
+        raise BundleError(f"{source}: metadata.chunk: expected an object with keys {sorted(keys)}, got {found}")
+    for key in ("size", "execute"):
+        _get(meta, f"chunk.{key}", int, source)
+    if section["ensemble"] is not None:
+        _get(meta, "chunk.ensemble", float, source)
+    spec = ChunkSpec(section["size"], section["execute"], section["ensemble"])
+    for key, expected in spec.problems():
+        raise BundleError(f"{source}: metadata.chunk.{key}: expected {expected}, got {brief(section[key])}")
+    if _get(meta, "chunk.dt", float, source) != meta["control_period"]:
+        raise BundleError(
+            f"{source}: metadata.chunk.dt: expected the control period {meta['control_period']} "
+            f"(one action per tick), got {brief(section['dt'])}"
+        )
+    return spec
 
 
 def robot_from_metadata(meta: dict, source: str, control_period: float | None = None) -> RobotSpec:
@@ -193,6 +220,8 @@ class BundleInfo:
     control_period: float
     joint_names: tuple[str, ...] | None
     metadata: dict[str, Any]
+    chunk: ChunkSpec
+    """How the policy's actions are executed (size 1: one per query, the graph outputs (batch, action_dim))."""
 
     @classmethod
     def of(cls, meta: dict[str, Any]) -> BundleInfo:
@@ -204,6 +233,7 @@ class BundleInfo:
             control_period=float(meta["control_period"]),
             joint_names=tuple(robot["joint_names"]) if robot else None,
             metadata=meta,
+            chunk=chunk_from_metadata(meta, "metadata"),
         )
 
 

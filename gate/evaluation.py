@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from q2real.agents.callbacks import evaluate
+from q2real.agents.callbacks import ChunkExecutor, deterministic_policy, evaluate
 from q2real.agents.common.checkpoint import CHECKPOINT
 from q2real.agents.config import load_run_config
 from q2real.agents.learners import restore_agent
@@ -31,15 +31,15 @@ def evaluate_run(
 
             runner = PolicyBundle(bundle)
 
-            def policy(obs: torch.Tensor) -> torch.Tensor:
+            def predict(obs: torch.Tensor) -> torch.Tensor:
                 commands = runner(obs.cpu().numpy())
                 return torch.from_numpy(runner.normalized(commands)).to(env.device)
+
+            chunk = runner.info.chunk
+            policy = ChunkExecutor(predict, chunk, env) if chunk.size > 1 else predict
         else:
             agent, _ = restore_agent(run_dir, config, env)
-
-            def policy(obs: torch.Tensor) -> torch.Tensor:
-                return agent.act(obs, deterministic=True).clamp(-1.0, 1.0)
-
+            policy = deterministic_policy(agent, env)
         return evaluate(policy, env, seed).cpu()
     finally:
         env.close()

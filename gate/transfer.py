@@ -27,6 +27,7 @@ import torch
 from q2real.agents.config import load_run_config
 from q2real.configs.errors import Q2RealError
 from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.deploy_ros.chunks import ChunkQueue
 from q2real.deploy_ros.schema import robot_from_metadata
 from q2real.gate.perturbations import perturbations
 from q2real.hardware import robot_spec
@@ -148,6 +149,8 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
         action_offset=tuple(meta["action"]["offset"]),
     )
     shields = [Shield(spec, config) for _ in range(env.num_envs)]
+    chunk = bundle.info.chunk
+    chunks = ChunkQueue(chunk, env.num_envs, env.action_dim, np) if chunk.size > 1 else None
     names, dt = spec.joint_names, spec.control_period
     task = env.task
     obs = env.reset(seed=seed)
@@ -168,6 +171,8 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
         shield.run()
     while not bool(finished.all()):
         actions = bundle.normalized(bundle(obs.cpu().numpy()))
+        if chunks is not None:  # each env's chunk executed as the node executes it, each tick shielded
+            actions = chunks.act(actions)
         q, qd = _joints(task, physics)
         commanded = np.empty_like(actions)
         for i, shield in enumerate(shields):

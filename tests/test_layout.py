@@ -16,14 +16,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE_SCHEMA = "deploy_ros.schema"
-"""The one module of `deploy_ros` that learners may use: the bundle's metadata document, which export writes."""
+"""A module of `deploy_ros` that learners may use: the bundle's metadata document, which export writes."""
+CHUNKS = "deploy_ros.chunks"
+"""The other: how a chunk policy's actions are executed, so training runs exactly what the robot runs."""
 
 MAY_IMPORT: dict[str, set[str]] = {
     "configs": set(),
     "hardware": {"configs"},
     "safety": {"configs", "hardware"},
     "sim": {"configs", "hardware", "safety"},
-    "agents": {"configs", "hardware", "sim", BUNDLE_SCHEMA},
+    "agents": {"configs", "hardware", "sim", BUNDLE_SCHEMA, CHUNKS},
     "residual": {"configs", "hardware", "sim", "agents", BUNDLE_SCHEMA},
     "deploy_ros": {"configs", "hardware", "safety"},
     "gate": {"configs", "hardware", "safety", "sim", "agents", "residual", "deploy_ros"},

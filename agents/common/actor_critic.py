@@ -12,12 +12,13 @@ from __future__ import annotations
 import copy
 import math
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from torch import nn
 
+from q2real.agents.common.chunk_critics import CausalChunkCritic, ChunkConfig, decoupled_loss, multi_horizon_loss
 from q2real.agents.common.heads import CategoricalHead, ScalarHead
 from q2real.agents.common.networks import Critic, Trunk, polyak, project_weights
 from q2real.agents.common.normalizer import ObsNormalizer, ReturnScaler
@@ -61,6 +62,8 @@ class ActorCriticConfig:
     cross_batch: bool = False
     """Run online and target critics on (s, a) and (s', a') as one batch, so BatchNorm statistics are
     shared between predictions and targets (FlashSAC's cross-batch value prediction)."""
+    chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    """Action chunks: the policy predicts several actions per query and the critic values them together."""
 
     def checks(self) -> list[tuple[bool, str, str]]:
         """(holds, key, what is expected) for every range rule; subclasses extend the list."""
@@ -83,6 +86,14 @@ class ActorCriticConfig:
             (-math.inf < self.v_min < self.v_max < math.inf, "v_min", "finite and < v_max"),
             (0 <= self.max_grad_norm < math.inf, "max_grad_norm", ">= 0 and finite"),
             (not self.project_weights or self.network == "flash", "project_weights", "used with network=flash"),
+            *self.chunk.checks(),
+            (self.chunk.size == 1 or self.n_step == 1, "n_step", "1 with chunks (the backup spans chunk.size steps)"),
+            (
+                self.chunk.critic == "qc" or self.critic_head == "scalar",
+                "critic_head",
+                "scalar for chunk.critic dqc/multi",
+            ),
+            (self.chunk.critic == "qc" or not self.cross_batch, "cross_batch", "false for chunk.critic dqc/multi"),
         ]
 
     def validate(self, where: str) -> None:
@@ -109,23 +120,41 @@ def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimi
 
 
 class ActorCritic(nn.Module):
+    prefix_critic: Critic | None
+    """dqc: the distilled critic of the policy's prefix of the chunk (None otherwise)."""
+
     def __init__(self, config: ActorCriticConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
+        """`action_dim` is the env's per-tick action; the actor outputs `policy_dim` numbers, one chunk."""
         super().__init__()
         self.config, self.obs_dim, self.action_dim = config, obs_dim, action_dim
+        chunk = config.chunk
+        self.policy_dim = action_dim * chunk.policy_length
         self.obs_norm = ObsNormalizer(obs_dim, enabled=config.normalize_obs)
         self.return_scale = ReturnScaler(num_envs, config.gamma, config.v_max, enabled=config.scale_rewards)
         if config.critic_head == "categorical":
             self.head: ScalarHead | CategoricalHead = CategoricalHead(config.num_atoms, config.v_min, config.v_max)
         else:
             self.head = ScalarHead(config.huber)
-        self.critic = Critic(
-            obs_dim, action_dim, config.critic_hidden, config.network, config.num_critics, self.head.out_features
-        )
+        out = self.head.out_features
+        if chunk.critic == "multi":
+            self.critic: Critic | CausalChunkCritic = CausalChunkCritic(
+                obs_dim, action_dim, chunk.size, config.num_critics, out, chunk
+            )
+        else:
+            self.critic = Critic(
+                obs_dim, action_dim * chunk.size, config.critic_hidden, config.network, config.num_critics, out
+            )
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.prefix_critic = self.prefix_target = None
+        if chunk.critic == "dqc":
+            self.prefix_critic = Critic(
+                obs_dim, self.policy_dim, config.critic_hidden, config.network, config.num_critics, out
+            )
+            self.prefix_target = copy.deepcopy(self.prefix_critic).requires_grad_(False)
         self.actor = self.build_actor()
         self.to(device)
         self.device = device
-        self.critic_optim = make_optimizer(self.critic.parameters(), config.critic_lr, config.weight_decay)
+        self.critic_optim = make_optimizer(self.critics().parameters(), config.critic_lr, config.weight_decay)
         self.actor_optim = make_optimizer(self.actor.parameters(), config.actor_lr, config.weight_decay)
         self.updates = 0
 
@@ -159,6 +188,15 @@ class ActorCritic(nn.Module):
         del state
 
     # --- shared machinery -----------------------------------------------------------------------------
+    @property
+    def backup_steps(self) -> int:
+        """Rewards each TD target sums: the chunk's length, or `n_step` for a per-step learner."""
+        return self.config.chunk.size if self.config.chunk.size > 1 else self.config.n_step
+
+    def critics(self) -> nn.ModuleList:
+        """Every network the critic optimizer trains."""
+        return nn.ModuleList([self.critic, *([self.prefix_critic] if self.prefix_critic is not None else [])])
+
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         """Actions in [-1, 1] for raw observations. The actor runs in eval mode, so BatchNorm layers use
@@ -197,7 +235,22 @@ class ActorCritic(nn.Module):
         return (self.updates - 1) % self.config.policy_delay == 0
 
     def critic_update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """One critic step on `batch` (raw observations) and the target network's Polyak step."""
+        """One critic step on `batch` (raw observations) and the target networks' Polyak step."""
+        cfg = self.config
+        kind = cfg.chunk.critic
+        loss = ActorCritic.td_loss if kind == "qc" else multi_horizon_loss if kind == "multi" else decoupled_loss
+        critic_loss, td_abs = loss(self, batch)
+        self._step(self.critic_optim, critic_loss, self.critics())
+        polyak(self.critic_target, self.critic, cfg.tau)
+        if self.prefix_critic is not None and self.prefix_target is not None:
+            polyak(self.prefix_target, self.prefix_critic, cfg.tau)
+        self.updates += 1
+        self.last_td_abs = td_abs  # each sample's |TD error| (scaled-reward units), for prioritized samplers
+        return {"critic_loss": critic_loss.detach()}
+
+    def td_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The one-target TD loss of the head (a per-step, n-step or QC chunk backup) and each sample's
+        |TD error|."""
         cfg = self.config
         obs, next_obs = self.obs_norm(batch.obs), self.obs_norm(batch.next_obs)
         reward = batch.reward / self.return_scale.scale()
@@ -213,24 +266,27 @@ class ActorCritic(nn.Module):
             with torch.no_grad():
                 target_out = self.critic_target(next_obs, next_action)
             out = self.critic(obs, batch.action)
-        critic_loss, td_abs = self.head.loss(out, target_out, reward, batch.discount, bonus, batch.weight)
-        self._step(self.critic_optim, critic_loss, self.critic)
-        polyak(self.critic_target, self.critic, cfg.tau)
-        self.updates += 1
-        self.last_td_abs = td_abs  # each sample's |TD error| (scaled-reward units), for prioritized samplers
-        return {"critic_loss": critic_loss.detach()}
+        return self.head.loss(out, target_out, reward, batch.discount, bonus, batch.weight)
 
     def actor_update(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:
         """One actor step (and its hook, e.g. the temperature) against the current critic."""
-        self.critic.requires_grad_(False)
+        critics = self.critics()
+        critics.requires_grad_(False)
         actor_loss, extra = self.actor_loss(self.obs_norm(raw_obs))
         self._step(self.actor_optim, actor_loss, self.actor)
-        self.critic.requires_grad_(True)
+        critics.requires_grad_(True)
         self.after_actor_step()
         return {"actor_loss": actor_loss.detach(), **extra}
 
     def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """Q_i(s, a) of every critic member, (E, B), on normalized observations."""
+        """Q_i(s, a) of every critic member, (E, B), on normalized observations, for the policy's output
+        `action`: per step, its chunk (qc), the prefix the robot executes (multi) or the distilled
+        prefix critic (dqc)."""
+        if self.prefix_critic is not None:
+            return self.head.q(self.prefix_critic(obs, action))
+        if self.config.chunk.critic == "multi":
+            executed = self.config.chunk.spec().execute * self.action_dim
+            return self.head.q(self.critic(obs, action[:, :executed])[:, :, -1])
         return self.head.q(self.critic(obs, action))
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:

@@ -29,6 +29,20 @@ class Batch:
     env: torch.Tensor
     weight: torch.Tensor | None = None
     """Importance weights from a prioritized sampler; None for uniform sampling."""
+    prefixes: Prefixes | None = None
+    """For action chunks: the backup of every prefix of the chunk (multi-horizon critics)."""
+
+
+@dataclass
+class Prefixes:
+    """Per sample and prefix length k = 1..h, the k-step backup of the chunk's first k actions:
+    `reward` (B, h) the discounted sum, `discount` (B, h) gamma^k (0 after a terminal state) and
+    `next_obs` (B, h, obs_dim) the state it bootstraps from. A prefix that reaches past an episode's end
+    stops there, as the n-step windows do."""
+
+    reward: torch.Tensor
+    discount: torch.Tensor
+    next_obs: torch.Tensor
 
 
 class ReplayStorage:
@@ -80,8 +94,13 @@ class ReplayStorage:
         self.cursor[1] = min(self.size + 1, self.rows)
         self.cursor[0] = (row + 1) % self.rows
 
-    def gather(self, row: torch.Tensor, env: torch.Tensor, n_step: int, gamma: float) -> Batch:
-        """n-step transitions starting at (row, env), cut at episode ends and at the newest row."""
+    def gather(self, row: torch.Tensor, env: torch.Tensor, n_step: int, gamma: float, chunk: int) -> Batch:
+        """n-step transitions starting at (row, env), cut at episode ends and at the newest row.
+
+        With `chunk` > 1 (then `n_step == chunk`) the action is the window of the `chunk` actions taken
+        from (row, env), flattened to (B, chunk * action_dim), and the batch carries every prefix's
+        backup. Actions past the window's cut (an episode's end, or the newest row) repeat the last
+        action taken: they never ran, so they change no reward the target sums."""
         d = self.data
         if n_step == 1:  # the common case without the window walk: a handful of index ops
             return Batch(
@@ -99,6 +118,7 @@ class ReplayStorage:
         scale = torch.ones(row.shape, device=self.device)
         alive = torch.ones(row.shape, dtype=torch.bool, device=self.device)
         last, terminal = row.clone(), torch.zeros(row.shape, dtype=torch.bool, device=self.device)
+        steps: list[tuple[torch.Tensor, ...]] = []
         for j in range(n_step):
             index = (row + j) % self.rows
             use = alive & (j < available)
@@ -108,14 +128,28 @@ class ReplayStorage:
             ended = d["terminated"][index, env]
             terminal = torch.where(use, ended, terminal)
             alive = use & ~(ended | d["truncated"][index, env])
+            if chunk > 1:
+                steps.append((last, reward, scale * ~terminal))
+        if chunk == 1:
+            action = d["action"][row, env]
+            prefixes = None
+        else:
+            taken = torch.stack([index for index, _, _ in steps], dim=1)  # (B, h): last row used so far
+            action = d["action"][taken, env[:, None]].flatten(1)
+            prefixes = Prefixes(
+                reward=torch.stack([r for _, r, _ in steps], dim=1),
+                discount=torch.stack([g for _, _, g in steps], dim=1),
+                next_obs=d["next_obs"][taken, env[:, None]],
+            )
         return Batch(
             obs=d["obs"][row, env],
-            action=d["action"][row, env],
+            action=action,
             reward=reward,
             next_obs=d["next_obs"][last, env],
             discount=scale * (~terminal),
             row=row,
             env=env,
+            prefixes=prefixes,
         )
 
     def state_dict(self) -> dict:

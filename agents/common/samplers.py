@@ -179,12 +179,14 @@ class SamplerConfig:
 class UniformSampler:
     """Every stored transition equally likely; one batch serves critic and actor."""
 
-    def sample(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch:
+    def sample(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float, chunk: int) -> Batch:
         row = torch.randint(0, storage.size, (batch_size,), device=storage.device)
         env = torch.randint(0, storage.num_envs, (batch_size,), device=storage.device)
-        return storage.gather(row, env, n_step, gamma)
+        return storage.gather(row, env, n_step, gamma, chunk)
 
-    def sample_actor(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch | None:
+    def sample_actor(
+        self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float, chunk: int
+    ) -> Batch | None:
         return None
 
     def on_add(self, storage: ReplayStorage) -> None: ...
@@ -242,7 +244,7 @@ class PrioritizedSampler(UniformSampler):
         self.priority.set(slots, p)
         self.inverse.set(slots, 1.0 / p)
 
-    def sample(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch:
+    def sample(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float, chunk: int) -> Batch:
         rho, filled = self.rho, len(storage)
         weight = None
         if isinstance(rho, float) and rho == 0.0:
@@ -261,16 +263,18 @@ class PrioritizedSampler(UniformSampler):
             q = rho * self.priority.get(slots) / self.priority.total + (1 - rho) / filled
             mixture = (q * filled).pow(-self.beta)
             weight = (mixture / mixture.max()).float()
-        batch = storage.gather(slots // storage.num_envs, slots % storage.num_envs, n_step, gamma)
+        batch = storage.gather(slots // storage.num_envs, slots % storage.num_envs, n_step, gamma, chunk)
         batch.weight = weight
         self.critic_updates += 1
         return batch
 
-    def sample_actor(self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float) -> Batch | None:
+    def sample_actor(
+        self, storage: ReplayStorage, batch_size: int, n_step: int, gamma: float, chunk: int
+    ) -> Batch | None:
         if not (self.dual and self.config.actor_stream):
             return None
         slots = self.inverse.sample(batch_size)
-        return storage.gather(slots // storage.num_envs, slots % storage.num_envs, n_step, gamma)
+        return storage.gather(slots // storage.num_envs, slots % storage.num_envs, n_step, gamma, chunk)
 
     def update(self, batch: Batch, td_abs: torch.Tensor) -> None:
         cfg = self.config

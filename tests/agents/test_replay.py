@@ -26,7 +26,7 @@ def _fill(storage: ReplayStorage, rewards, terminated=(), truncated=()) -> None:
 
 
 def _at(storage: ReplayStorage, row: int, n: int):
-    return storage.gather(torch.tensor([row]), torch.tensor([0]), n, GAMMA)
+    return storage.gather(torch.tensor([row]), torch.tensor([0]), n, GAMMA, 1)
 
 
 def test_n_step_sums_discounted_rewards_and_bootstraps_from_the_last_next_obs() -> None:
@@ -85,7 +85,7 @@ def test_envs_do_not_mix_and_sampler_only_reads_written_rows() -> None:
         )
         storage.add(obs, torch.zeros(3, 1), result)
     torch.manual_seed(0)
-    batch = UniformSampler().sample(storage, 4096, 2, GAMMA)
+    batch = UniformSampler().sample(storage, 4096, 2, GAMMA, 1)
     assert batch.row.max() < 5
     expected = torch.tensor([1.0, 2.0, 3.0])[batch.env] * torch.where(batch.row == 4, 1.0, 1.5)
     assert torch.allclose(batch.reward, expected)

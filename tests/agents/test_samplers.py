@@ -86,7 +86,7 @@ def test_new_rows_get_max_priority_and_overwrite_their_slots_after_wrap_around()
     expected = torch.tensor([50.0] * 6 + [1.0] * 6, dtype=torch.float64)  # rows 0-1 rewritten at max priority
     assert torch.allclose(sampler.priority.get(torch.arange(12)), expected)
     assert torch.isclose(sampler.priority.total, expected.sum())
-    batch = sampler.sample(storage, 4096, 1, 0.99)
+    batch = sampler.sample(storage, 4096, 1, 0.99, 1)
     newest = (batch.obs.squeeze(-1) >= 10).double().mean()
     assert newest > 0.9, "new transitions (max priority) are not replayed first"
 
@@ -105,17 +105,17 @@ def _filled_sampler(config: SamplerConfig) -> tuple[ReplayStorage, PrioritizedSa
 
 def test_actor_stream_favours_low_td_error_and_critic_stream_high() -> None:
     storage, sampler = _filled_sampler(SamplerConfig(kind="dspear", anchor=False, alpha=1.0))
-    critic = sampler.sample(storage, 4096, 1, 0.99).row.double().mean()
-    actor = sampler.sample_actor(storage, 4096, 1, 0.99).row.double().mean()
+    critic = sampler.sample(storage, 4096, 1, 0.99, 1).row.double().mean()
+    actor = sampler.sample_actor(storage, 4096, 1, 0.99, 1).row.double().mean()
     uniform_mean = 49.5
     assert actor < 25 < uniform_mean < 60 < critic, (actor, critic)
     off = PrioritizedSampler(SamplerConfig(kind="dspear", actor_stream=False), storage)
-    assert off.sample_actor(storage, 16, 1, 0.99) is None
+    assert off.sample_actor(storage, 16, 1, 0.99, 1) is None
 
 
 def test_importance_weights_are_normalized_and_undo_the_priority() -> None:
     storage, sampler = _filled_sampler(SamplerConfig(kind="prioritized", alpha=1.0, beta=1.0))
-    batch = sampler.sample(storage, 2048, 1, 0.99)
+    batch = sampler.sample(storage, 2048, 1, 0.99, 1)
     w = batch.weight
     assert w.max() == 1.0 and (w > 0).all() and (w <= 1).all()
     # With beta = 1, weight x priority is the same for every sample (up to the batch normalization).
@@ -128,7 +128,7 @@ def test_anchor_moves_the_prioritized_fraction_with_the_cv_of_td_errors() -> Non
     fractions = []
     for spread in (0.0, 0.5, 2.0, 10.0):
         td = 1.0 + spread * torch.linspace(-1, 1, 256).abs().pow(4) * 8
-        batch = sampler.sample(storage, 256, 1, 0.99)
+        batch = sampler.sample(storage, 256, 1, 0.99, 1)
         sampler.update(batch, td)
         expected_cv = float(td.std() / td.mean())
         assert abs(sampler.cv - expected_cv) < 1e-5
@@ -136,4 +136,4 @@ def test_anchor_moves_the_prioritized_fraction_with_the_cv_of_td_errors() -> Non
         fractions.append(sampler.rho)
     assert fractions == sorted(fractions) and fractions[0] == 0.1 and fractions[-1] > 0.5
     ablated = PrioritizedSampler(SamplerConfig(kind="dspear", critic_stream=False), storage)
-    assert ablated.rho == 0.0 and ablated.sample(storage, 64, 1, 0.99).weight is None
+    assert ablated.rho == 0.0 and ablated.sample(storage, 64, 1, 0.99, 1).weight is None
