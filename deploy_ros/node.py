@@ -73,7 +73,8 @@ class Tick:
     time: float
     observation: np.ndarray | None
     raw_action: np.ndarray | None
-    """The policy's output in [-1, 1] (None when the policy did not run)."""
+    """This tick's action in [-1, 1] as the policy gave it: its output, or a chunk policy's queued action
+    for this tick (None outside RUN)."""
     command: Command
     values: np.ndarray
     """Per bundle joint: effort (torque robots) or position target, as sent."""

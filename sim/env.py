@@ -161,6 +161,9 @@ class TaskEnv(VecEnv):
         reward = self.task.reward(physics, applied)
         if penalty is not None:
             reward = reward - penalty
+        success = self.task.success(physics)
+        if success is not None:
+            info["success"] = success
         result = StepResult(
             obs=next_obs,
             next_obs=next_obs,

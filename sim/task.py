@@ -130,6 +130,11 @@ class Task(ABC):
         """Per-env safety cost (0 = safe); tasks with constraints override it."""
         return torch.zeros(physics.qpos.shape[0], device=self.device)
 
+    def success(self, physics: PhysicsState) -> torch.Tensor | None:
+        """Per env, whether the task is achieved in this state (training logs the episodes' success
+        rate: an episode succeeded if it ever was); None for tasks without a success test."""
+        return None
+
     def terminated(self, physics: PhysicsState) -> torch.Tensor:
         """True where the episode reached a terminal state."""
         return torch.zeros(physics.qpos.shape[0], dtype=torch.bool, device=self.device)

@@ -10,6 +10,7 @@ and FlashSAC's weight projection live here once.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from abc import abstractmethod
 from dataclasses import dataclass, field
@@ -99,7 +100,8 @@ class ActorCriticConfig:
     def validate(self, where: str) -> None:
         for ok, key, expected in self.checks():
             if not ok:
-                raise ValueError(f"{where}.{key}: expected {expected}, got {getattr(self, key, None)!r}")
+                value = functools.reduce(getattr, key.split("."), self)
+                raise ValueError(f"{where}.{key}: expected {expected}, got {value!r}")
 
 
 def _positive(value: float) -> bool:

@@ -8,7 +8,8 @@ position comes from forward kinematics of the arm's model, the cube's from a tra
 from the command input.
 Reward in [0, 1] per step: (reach + w push) / (1 + w), w = `push_weight` (4), with
 reach = 1 - tanh(|pusher - cube| / scale) and push = 1 - tanh(|cube_xy - target| / scale).
-No terminal states.
+With `sparse`, the reward is 1 on the steps the cube's centre is within `success_radius` of the
+target, else 0. Success: the cube was ever there. No terminal states.
 Reset: home pose plus joint noise, cube uniform in a box in front of the robot, target uniform in a
 larger box.
 """
@@ -42,6 +43,10 @@ class ArmPushConfig(TaskConfig):
     push_weight: float = 4.0
     """Weight of the cube-to-target term against the pusher-to-cube term (weight 1)."""
     joint_noise: float = 0.05
+    sparse: bool = False
+    """Reward 1 only while the cube is within `success_radius` of the target, else 0."""
+    success_radius: float = 0.05
+    """m, cube centre to target on the floor."""
 
 
 class ArmPush(Task):
@@ -125,7 +130,13 @@ class ArmPush(Task):
             "target": {"kind": "command"},
         }
 
+    def success(self, physics: PhysicsState) -> torch.Tensor:
+        distance = (self.cube_position(physics)[:, :2] - self.command).norm(dim=-1)
+        return distance <= self.config.success_radius
+
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        if self.config.sparse:
+            return self.success(physics).float()
         cube = self.cube_position(physics)
         scale = self.config.distance_scale
         reach = 1 - torch.tanh((physics.sensordata[:, self._ee] - cube).norm(dim=-1) / scale)

@@ -20,8 +20,9 @@ os.environ.setdefault("FASTRTPS_DEFAULT_PROFILES_FILE", FAST_DDS_LOOPBACK)
 _domains = itertools.count(100 + os.getpid() % 50)
 
 
-def export_fresh_agent(task: str, output: Path, task_params: dict | None = None) -> Path:
-    """A bundle of an untrained agent: real graph and metadata, arbitrary actions."""
+def export_fresh_agent(task: str, output: Path, task_params: dict | None = None, chunk=None, edit_agent=None) -> Path:
+    """A bundle of an untrained agent: real graph and metadata, arbitrary actions (a chunk policy's with
+    `chunk`, a `ChunkConfig`; `edit_agent(agent)` may set its weights first)."""
     from q2real.agents.config import TrainConfig
     from q2real.agents.export import write_bundle
     from q2real.agents.learners import build_agent
@@ -30,9 +31,14 @@ def export_fresh_agent(task: str, output: Path, task_params: dict | None = None)
     config = TrainConfig()
     env_config = dataclasses.replace(config.env, task=task, num_envs=1, device="cpu", task_params=task_params or {})
     config = dataclasses.replace(config, env=env_config)
+    if chunk is not None:
+        config = dataclasses.replace(config, agent=dataclasses.replace(config.agent, chunk=chunk))
     env = make(config.env)
     try:
-        return write_bundle(config, env, build_agent(config, env), 0, output)
+        agent = build_agent(config, env)
+        if edit_agent is not None:
+            edit_agent(agent)
+        return write_bundle(config, env, agent, 0, output)
     finally:
         env.close()
 
