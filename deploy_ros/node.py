@@ -161,6 +161,8 @@ class PolicyNode:
         self._chunks = ChunkQueue(chunk, 1, width, np) if chunk.size > 1 else None
         """A chunk policy's actions still to come; the policy runs only on the ticks it is due."""
         self._output_shape = (1, *((chunk.size,) if chunk.size > 1 else ()), width)
+        self.policy_queries = 0
+        """Ticks on which the policy ran (all RUN ticks, or a chunk policy's due ticks)."""
         self.refused: Counter[str] = Counter()
         self.last_refusal = ""
         self.loop_misses = 0
@@ -418,6 +420,7 @@ class PolicyNode:
             policy_time = None
         else:
             began = time.perf_counter()
+            self.policy_queries += 1
             try:
                 commands = self.bundle(obs)
             except Exception as err:  # onnxruntime raises its own types; the shield counts the failure
@@ -595,6 +598,7 @@ class PolicyNode:
             "ticks": self.ticks,
             "loop_deadline_misses": self.loop_misses,
             "policy_deadline_misses": shield.counters.rules["DEADLINE_MISS"],
+            "policy_queries": self.policy_queries,
             "latency_p50_ms": f"{stages['total']['p50_ms']:.3f}",
             "latency_p99_ms": f"{stages['total']['p99_ms']:.3f}",
             "refused_messages": sum(self.refused.copy().values()),

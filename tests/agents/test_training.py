@@ -57,19 +57,28 @@ class Crash(Callback):
             raise RuntimeError("simulated crash")
 
 
+CHUNKED = ("sac.chunk.size=3", "sac.chunk.critic=multi", "sac.chunk.width=16", "env.task_params.episode_length=60")
+"""A chunk learner: its queues of actions still to execute are part of what a resume restores (the
+checkpoint at step 400 falls mid-episode and mid-chunk)."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["sac", "td3", "flashsac"])
-def test_same_seed_same_result_and_resume_after_crash_is_exact(tmp_path: Path, algo: str) -> None:
-    straight = train(small(tmp_path, "a", algo))
-    again = train(small(tmp_path, "b", algo))
+@pytest.mark.parametrize(
+    ("algo", "extra"),
+    [("sac", ()), ("td3", ()), ("flashsac", ()), ("sac", CHUNKED)],
+    ids=["sac", "td3", "flashsac", "chunks"],
+)
+def test_same_seed_same_result_and_resume_after_crash_is_exact(tmp_path: Path, algo: str, extra) -> None:
+    straight = train(small(tmp_path, "a", algo, extra))
+    again = train(small(tmp_path, "b", algo, extra))
     reference = params(straight)
     assert all(torch.equal(reference[k], v) for k, v in params(again).items())
 
-    crashed = Trainer(small(tmp_path, "c", algo), callbacks=[Crash(at_step=500)])
+    crashed = Trainer(small(tmp_path, "c", algo, extra), callbacks=[Crash(at_step=500)])
     with pytest.raises(RuntimeError, match="simulated crash"):
         crashed.run()
     assert load_checkpoint(tmp_path / "c" / "checkpoint.pt")["step"] == 400
-    resumed = resume(tmp_path / "c", small(tmp_path, "c", algo))
+    resumed = resume(tmp_path / "c", small(tmp_path, "c", algo, extra))
     assert resumed.step == 600
     assert all(torch.equal(reference[k], v) for k, v in params(resumed).items())
     metrics = (tmp_path / "c" / "metrics.jsonl").read_text()

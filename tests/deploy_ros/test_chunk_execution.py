@@ -136,6 +136,7 @@ def test_the_node_executes_every_tick_as_the_metadata_says_and_through_the_shiel
     assert np.allclose(executed, reference_actions(spec, chunks), atol=1e-6)
     counters = node.shield.counters
     assert node.shield.mode == Mode.RUN and counters.run_ticks == len(executed)
+    assert node.policy_queries == -(-len(executed) // spec.execute)  # the graph ran on due ticks only
 
 
 def _alternating_chunk(agent) -> None:

@@ -59,6 +59,26 @@ def test_the_shield_is_transparent_to_an_in_limit_policy(pendulum_run: Path) -> 
     assert shielded.interventions == 0 and shielded.change == 0 and shielded.rules == {}
 
 
+def test_the_gate_executes_a_chunk_bundle_as_evaluation_does(tmp_path: Path) -> None:
+    """Each env's chunks go through the node's queue and every tick through its own shield: for an
+    in-limit torque policy the shielded returns equal those of the same bundle evaluated directly."""
+    from q2real.agents.callbacks import ChunkExecutor
+    from q2real.agents.common.chunk_critics import ChunkConfig
+    from tests.deploy_ros.conftest import export_fresh_agent
+
+    chunk = ChunkConfig(size=3, critic="multi", execute=2, ensemble=0.2, width=8, heads=2)
+    bundle = PolicyBundle(export_fresh_agent("pendulum_swingup", tmp_path / "chunks.onnx", chunk=chunk))
+    env = make(task="pendulum_swingup", num_envs=4, backend="mujoco", device="cpu")
+    shielded = shielded_returns(bundle, env, seed=3)
+
+    def predict(obs: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(bundle.normalized(bundle(obs.numpy())))
+
+    plain = evaluate(ChunkExecutor(predict, bundle.info.chunk, env), env, seed=3)
+    assert bundle.info.chunk.ensemble == 0.2
+    assert torch.allclose(shielded.returns, plain.float(), rtol=1e-5), (shielded.returns, plain)
+
+
 @pytest.mark.mjx
 @pytest.mark.timeout(600)
 def test_gate_on_the_default_task_end_to_end(pendulum_run: Path) -> None:
