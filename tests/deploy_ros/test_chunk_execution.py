@@ -221,3 +221,25 @@ def test_a_per_step_bundle_claiming_chunks_is_refused(pendulum_bundle, tmp_path)
     onnx.save(model, str(bad))
     with pytest.raises(BundleError, match=r"graph actions shape \[1, 1\] for a batch of 1 disagrees"):
         PolicyBundle(bad)
+
+
+@pytest.mark.slow  # trains, then real-time DDS against the sim robot process and the gate
+@pytest.mark.timeout(600)
+def test_a_chunk_policy_trains_exports_deploys_on_the_sim_robot_and_goes_through_the_gate(tmp_path, capsys) -> None:
+    from q2real.cli.main import main
+
+    args = ["train", "sac.chunk.size=4", "sac.chunk.execute=2", "sac.chunk.ensemble=0.1", "env.num_envs=2"]
+    args += ["total_steps=600", "warmup_steps=200", "eval_envs=2", "sac.batch_size=32", "sac.actor_hidden=[32]"]
+    args += ["sac.critic_hidden=[32]", f"log.root={tmp_path}", "log.name=chunks", "log.tensorboard=false"]
+    assert main(args) == 0
+    run = tmp_path / "chunks"
+    assert main(["export", str(run)]) == 0
+    bundle = run / "policy.onnx"
+    assert PolicyBundle(bundle).info.chunk == ChunkSpec(4, 2, 0.1)
+    capsys.readouterr()
+    assert main(["deploy", str(bundle), "--sim", "--duration", "4", "shield.ramp_time=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "stopped after" in out and "refused messages 0" in out, out
+    assert main(["transfer", str(run), "--backend", "mujoco", "--episodes", "2", "--only", "nominal"]) in (0, 1)
+    report = json.loads((run / "transfer.json").read_text())
+    assert [row["name"] for row in report["rows"]] == ["shield", "nominal"]
