@@ -2,10 +2,11 @@
 
 Three critics over the same replay windows (`ReplayStorage.gather` with `chunk`):
 
-- `qc`, Q-chunking (Li, Zhou & Levine 2025, eq. 5): Q(s_t, a_{t:t+h}) regresses to
+- `qc`, Q-chunking (Li, Zhou & Levine 2025, its chunked TD target): Q(s_t, a_{t:t+h}) regresses to
   sum_{k<h} gamma^k r_{t+k} + gamma^h Q'(s_{t+h}, a'_{t+h:t+2h}), a' the policy's chunk at s_{t+h}.
   QC's policy is best-of-N from a behaviour-cloned flow policy; online here, the chunk is the
-  SAC (tanh-Gaussian over all h x |A| numbers) or TD3 actor's output, which is QC's online baseline.
+  SAC (tanh-Gaussian over all h x |A| numbers) or TD3 actor's output: QC-RLPD without its
+  demonstrations and BC term.
 - `dqc`, decoupled Q-chunking (Li, Park & Levine 2025): the critic values the long chunk as in QC,
   the policy predicts only a prefix of p actions. A distilled critic Q_p(s, a_{t:t+p}) is fitted to
   the chunk critic by expectile regression (kappa > 1/2: an optimistic max over the unseen suffix),
@@ -138,7 +139,7 @@ class _CausalBlock(nn.Module):
 
 
 def expectile_loss(prediction: torch.Tensor, target: torch.Tensor, kappa: float) -> torch.Tensor:
-    """sum over members of mean |kappa - 1(u < 0)| u^2, u = target - prediction (IQL eq. 5)."""
+    """sum over members of mean |kappa - 1(u < 0)| u^2, u = target - prediction (IQL's expectile loss)."""
     u = target - prediction
     return (torch.where(u < 0, 1 - kappa, kappa) * u.pow(2)).mean(dim=-1).sum()
 
