@@ -77,6 +77,8 @@ class LearnerJob:
     batch_size: int
     n_step: int
     gamma: float
+    chunk: int
+    """Actions per replay window (a chunk learner's size; 1 per step)."""
 
 
 class LearnerError(Q2RealError, RuntimeError):
@@ -119,7 +121,7 @@ def _learner(
                 counters[WAIT_CRITIC if role == "critic" else WAIT_POLICY] += 1
                 time.sleep(_POLL)
                 continue
-            batch = sampler.sample(replay, job.batch_size, job.n_step, job.gamma, 1)
+            batch = sampler.sample(replay, job.batch_size, job.n_step, job.gamma, job.chunk)
             if role == "critic":
                 metrics = agent.critic_update(batch)
             else:

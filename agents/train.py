@@ -212,8 +212,9 @@ class Trainer:
             num_envs=self.env.num_envs,
             warmup_iterations=-(-config.warmup_steps // self.env.num_envs),
             batch_size=agent_config.batch_size,
-            n_step=agent_config.n_step,
+            n_step=self.agent.backup_steps,
             gamma=agent_config.gamma,
+            chunk=agent_config.chunk.size,
         )
         return ParallelLearners(self.agent, self.replay, config.pql, job, self.iteration)
 

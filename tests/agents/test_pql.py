@@ -110,9 +110,12 @@ def test_ctrl_c_writes_a_final_checkpoint_and_resume_continues(tmp_path: Path) -
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("algo", ["td3", "flashsac"])
-def test_every_learner_runs_under_pql(tmp_path: Path, algo: str) -> None:
+@pytest.mark.parametrize("case", ["td3", "flashsac", "sac+chunks"])
+def test_every_learner_runs_under_pql(tmp_path: Path, case: str) -> None:
+    algo = case.split("+")[0]
     extra = ["total_steps=2000", f"{algo}.batch_size=64", f"{algo}.actor_hidden=[32]", f"{algo}.critic_hidden=[32]"]
+    if case.endswith("chunks"):  # the learner processes sample chunk windows
+        extra += ["sac.chunk.size=3", "sac.chunk.critic=multi", "sac.chunk.width=16"]
     trainer = train(_config(tmp_path, *extra, algo=algo))
     learned = trainer.iteration - -(-trainer.config.warmup_steps // trainer.env.num_envs)
     assert trainer.agent.updates == pytest.approx(learned, rel=0.2)
