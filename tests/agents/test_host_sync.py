@@ -68,6 +68,15 @@ def trainer(tmp_path: Path, algo: str, sampler: str, extra: tuple[str, ...] = ()
     return Trainer(load(TrainConfig, None, overrides))
 
 
+CASES = {
+    # The robot's clamps in the loop (on Panda, where every rule has joints to act on).
+    "shield": ("env.shield_in_loop=true", "env.task=panda_reach"),
+    # Chunk queues in collection; chunk windows with every prefix's backup in the updates.
+    "chunks": ("sac.chunk.size=3", "sac.chunk.critic=multi", "sac.chunk.execute=2", "sac.chunk.ensemble=0.1"),
+    "dqc": ("td3.chunk.size=3", "td3.chunk.critic=dqc", "td3.chunk.policy_size=2"),
+}
+
+
 @pytest.mark.parametrize(
     ("algo", "sampler"),
     [
@@ -77,12 +86,14 @@ def trainer(tmp_path: Path, algo: str, sampler: str, extra: tuple[str, ...] = ()
         ("sac", "prioritized"),
         ("td3", "dspear"),
         ("sac", "shield"),
+        ("sac", "chunks"),
+        ("td3", "prioritized+dqc"),
     ],
 )
 def test_collection_and_updates_never_read_a_tensor_back(tmp_path: Path, algo: str, sampler: str) -> None:
-    # "shield": the robot's clamps in the loop (on Panda, where every rule has joints to act on).
-    extra = ("env.shield_in_loop=true", "env.task=panda_reach") if sampler == "shield" else ()
-    run = trainer(tmp_path, algo, "uniform" if sampler == "shield" else sampler, extra)
+    sampler, _, variant = sampler.partition("+")
+    extra = CASES.get(variant or sampler, ())
+    run = trainer(tmp_path, algo, "uniform" if sampler in CASES else sampler, extra)
     run.env.reset_every_step = True  # the GPU's auto-reset path, on this CPU
     try:
         for _ in range(40):  # past the warm-up, so updates run
@@ -98,7 +109,7 @@ def test_collection_and_updates_never_read_a_tensor_back(tmp_path: Path, algo: s
         # The window's one read-back still sees everything.
         metrics = run.pop_update_metrics()
         assert "critic_loss" in metrics and "actor_loss" in metrics
-        if sampler not in ("uniform", "shield"):
+        if sampler not in ("uniform", *CASES):
             assert 0 < metrics["replay/prioritized_fraction"] <= 1 and metrics["replay/beta"] > 0
     finally:
         run.env.close()
