@@ -81,7 +81,8 @@ class ChunkQueue:
                 self.weight = xp.where(due[:, None], 1.0, self.weight)
             else:
                 w = xp.where(due[:, None], xp.exp(-self.spec.ensemble * self.count), 0.0)
-                self.pending = self.pending + w[:, :, None] * chunk
+                # Selected, not multiplied by a zero weight: a NaN in a chunk not due must not reach the queue.
+                self.pending = self.pending + xp.where(due[:, None, None], w[:, :, None] * chunk, 0.0)
                 self.weight = self.weight + w
                 self.count = self.count + xp.where(due[:, None], 1.0, 0.0)
             self.age = xp.where(due, 0.0, self.age)

@@ -432,6 +432,11 @@ class PolicyNode:
                 )
             raw = self.bundle.normalized(commands)[0].astype(np.float64)
             if chunks is not None:
+                if not np.isfinite(raw).all():
+                    # No row of a chunk that is not finite runs: the shield counts this tick's bad action
+                    # and the next tick queries again.
+                    chunks.clear(np.ones(1, dtype=bool))
+                    return np.full(raw.shape[-1], np.nan), policy_time
                 raw = chunks.act(raw[None])[0]
         if np.isfinite(raw).all():
             self._last_action[:] = clip(raw, -1.0, 1.0)

@@ -82,6 +82,18 @@ def test_an_ended_episode_starts_on_a_fresh_chunk_while_the_others_continue() ->
     assert not queue.due().any()
 
 
+@pytest.mark.parametrize("ensemble", [None, 0.5])
+def test_what_an_env_that_is_not_due_was_predicted_never_reaches_its_queue(ensemble) -> None:
+    queue = ChunkQueue(ChunkSpec(3, 3, ensemble), 2, 1, np)
+    queue.act(np.zeros((2, 3, 1)))
+    queue.clear(np.array([False, True]))
+    poisoned = np.full((2, 3, 1), np.nan)
+    poisoned[1] = 7.0
+    action = queue.act(poisoned)  # env 0 is mid-chunk, env 1 starts a new one
+    assert action[0, 0] == 0.0 and action[1, 0] == 7.0
+    assert np.isfinite(queue.pending).all()
+
+
 def _chunk_bundle(tmp_path, size: int, task: str = "pendulum_swingup", edit_agent=None):
     return export_fresh_agent(
         task, tmp_path / f"{task}-{size}.onnx", chunk=ChunkConfig(size=size), edit_agent=edit_agent
@@ -243,3 +255,22 @@ def test_a_chunk_policy_trains_exports_deploys_on_the_sim_robot_and_goes_through
     assert main(["transfer", str(run), "--backend", "mujoco", "--episodes", "2", "--only", "nominal"]) in (0, 1)
     report = json.loads((run / "transfer.json").read_text())
     assert [row["name"] for row in report["rows"]] == ["shield", "nominal"]
+
+
+def test_a_chunk_that_is_not_finite_never_runs_and_the_shield_falls_back(tmp_path) -> None:
+    def poison(agent) -> None:
+        with torch.no_grad():
+            agent.actor.head.bias.fill_(math.nan)
+
+    path = export_fresh_agent("pendulum_swingup", tmp_path / "nan.onnx", chunk=ChunkConfig(size=3), edit_agent=poison)
+    node = PolicyNode(path, NodeConfig(autostart=True, shield=ShieldConfig(ramp_time=0.1, max_bad_actions=3)))
+    now, run_ticks = 100.0, 0
+    for _ in range(30):
+        node.on_joint_state(["hinge"], [0.0], [0.0], [], received=now)
+        tick = node.tick(now)
+        now += node.spec.control_period
+        run_ticks += tick.raw_action is not None
+        if tick.raw_action is not None:
+            assert np.isnan(tick.raw_action).all() and np.isfinite(tick.values).all()
+    assert run_ticks == 3 and node.policy_queries == 3  # queried again on every tick: nothing was queued
+    assert node.shield.mode in (Mode.HOLD, Mode.DAMP) and node.shield.counters.rules["ACTION_NONFINITE"] >= 3
