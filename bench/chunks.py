@@ -164,7 +164,7 @@ def report(results: dict, args: argparse.Namespace) -> dict:
     names = learners(args.chunk)
     summary = summarize(results, args)
     table(summary, args)
-    plot(summary, args)
+    plot(summary, len(args.seeds))
     first = next(iter(summary))
     sac, qc = summary[first]["sac"], summary[first]["qc"]
     chunked = [n for n in names if n != "sac"]
@@ -201,8 +201,8 @@ def report(results: dict, args: argparse.Namespace) -> dict:
 
 
 def rescore() -> dict:
-    """The saved run's headline with steps to threshold recomputed from its mean curves at `THRESHOLDS`
-    (the other figures are those measured)."""
+    """The saved run's headline and plot with steps to threshold recomputed from its mean curves at
+    `THRESHOLDS` (the other figures are those measured)."""
     saved = json.loads((RESULTS / "chunks.json").read_text())
     ratios = {}
     for task, curves in saved["curves"].items():
@@ -214,6 +214,10 @@ def rescore() -> dict:
         ratios[task] = threshold_ratio(rows["sac"]["steps_to_threshold"], chunked, saved["env_steps"][task])
     saved["env_steps_to_threshold_ratio"] = ratios
     saved["thresholds"] = {task: THRESHOLDS[task] for task in saved["curves"]}
+    plot(
+        {task: {n: {"curve": c} for n, c in curves.items()} for task, curves in saved["curves"].items()},
+        len(saved["seeds"]),
+    )
     (RESULTS / "chunks.json").write_text(json.dumps(saved, indent=2) + "\n")
     return saved
 
@@ -263,7 +267,7 @@ def table(summary: dict, args: argparse.Namespace) -> None:
             )
 
 
-def plot(summary: dict, args: argparse.Namespace) -> None:
+def plot(summary: dict, seeds: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -276,7 +280,7 @@ def plot(summary: dict, args: argparse.Namespace) -> None:
             axes[0, column].plot(curve["steps"], curve["return"], label=name)
             axes[1, column].plot(curve["steps"], curve["success"], label=name)
         axes[0, column].axhline(THRESHOLDS[task], color="grey", linestyle=":", linewidth=1)
-        axes[0, column].set_title(f"sparse {task}: evaluation return (mean of {len(args.seeds)} seeds)")
+        axes[0, column].set_title(f"sparse {task}: evaluation return (mean of {seeds} seeds)")
         axes[1, column].set_title("success rate")
         axes[1, column].set_xlabel("env steps")
         axes[0, column].legend()
