@@ -190,11 +190,22 @@ def small(tmp_path: Path, name: str, *extra: str) -> TrainConfig:
 
 
 def test_a_chunk_of_one_is_the_per_step_learner_exactly(tmp_path: Path) -> None:
-    plain = train(small(tmp_path, "plain")).agent.state_dict()
-    chunked = Trainer(small(tmp_path, "one", "sac.chunk.size=1", "sac.chunk.execute=1"))
-    assert chunked.chunks is None
-    chunked.run()
-    assert all(torch.equal(plain[k], v) for k, v in chunked.agent.state_dict().items())
+    def trained(*extra: str) -> tuple[Trainer, dict[str, torch.Tensor]]:
+        trainer = Trainer(small(tmp_path, extra[0] if extra else "plain", *extra[1:]))
+        try:
+            for _ in range(100):  # 2 envs, 100 warm-up steps: 51 updates
+                trainer.collect()
+                trainer.learn()
+            return trainer, trainer.agent.state_dict()
+        finally:
+            trainer.env.close()
+            trainer.eval_env.close()
+            trainer.logger.close()
+
+    _, plain = trained()
+    one, chunked = trained("one", "sac.chunk.size=1", "sac.chunk.execute=1")
+    assert one.chunks is None and one.agent.updates == 51
+    assert all(torch.equal(plain[k], v) for k, v in chunked.items())
 
 
 @pytest.mark.parametrize(
