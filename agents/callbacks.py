@@ -46,6 +46,8 @@ class ChunkExecutor:
         self.queue = ChunkQueue(spec, env.num_envs, env.action_dim, torch, device=env.device)
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        # Every env predicts on every tick and the queue keeps the due envs' rows: one batched forward,
+        # no branch on which envs are due, so nothing is read back from the device.
         return self.queue.act(self.predict(obs).view(self.num_envs, -1, self.action_dim))
 
     def clear(self, done: torch.Tensor) -> None:
