@@ -53,7 +53,7 @@ class ChunkConfig:
     expectile: float = 0.8
     """dqc: the distillation expectile kappa (DQC's cube command uses 0.8)."""
     width: int = 64
-    """multi: the transformer's model width (T-SAC uses 128-256; 64 keeps a CPU update near 50 ms)."""
+    """multi: the transformer's model width (T-SAC uses 128-256; at 64 a CPU update took ~120 ms, h = 4)."""
     layers: int = 2
     heads: int = 4
 
@@ -129,7 +129,8 @@ class _CausalBlock(nn.Module):
         flat = x.reshape(e, batch * tokens, width)
         qkv = self.qkv(self.norm_attention(flat)).view(e * batch, tokens, 3, self.heads, width // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (E * B, heads, T, W / heads)
-        # Plain attention: for sequences this short, one batched matmul beats the fused CPU kernel 10x.
+        # Plain attention: at a handful of tokens it ran a little faster on the CPU than the fused kernel
+        # (the whole critic's forward, batch 256, h = 4, width 64: 17.3 ms against 18.9 ms).
         scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
         causal = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).tril()
         attended = scores.masked_fill(~causal, -math.inf).softmax(dim=-1) @ v
