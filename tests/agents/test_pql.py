@@ -115,7 +115,7 @@ def test_every_learner_runs_under_pql(tmp_path: Path, case: str) -> None:
     algo = case.split("+")[0]
     extra = ["total_steps=2000", f"{algo}.batch_size=64", f"{algo}.actor_hidden=[32]", f"{algo}.critic_hidden=[32]"]
     if case.endswith("chunks"):  # the learner processes sample chunk windows
-        extra += ["sac.chunk.size=3", "sac.chunk.critic=multi", "sac.chunk.width=16"]
+        extra += ["sac.chunk.size=3"]
     trainer = train(_config(tmp_path, *extra, algo=algo))
     learned = trainer.iteration - -(-trainer.config.warmup_steps // trainer.env.num_envs)
     assert trainer.agent.updates == pytest.approx(learned, rel=0.2)

@@ -57,7 +57,7 @@ class Crash(Callback):
             raise RuntimeError("simulated crash")
 
 
-CHUNKED = ("sac.chunk.size=3", "sac.chunk.critic=multi", "sac.chunk.width=16", "env.task_params.episode_length=60")
+CHUNKED = ("sac.chunk.size=3", "env.task_params.episode_length=60")
 """A chunk learner: its queues of actions still to execute are part of what a resume restores (the
 checkpoint at step 400 falls mid-episode and mid-chunk)."""
 
