@@ -106,16 +106,21 @@ def chunk_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[int, object]
     return {size: _chunk_bundle(root, size) for size in SIZES}
 
 
-def _with_spec(source, target, spec: ChunkSpec):
-    """`source` with its chunk section's execution fields replaced by `spec`'s (the graph is the same)."""
+def _rewritten(source, target, chunk):
+    """`source` (same graph) saved to `target` with its metadata's chunk section set to `chunk(meta)`."""
     model = onnx.load(str(source))
     meta = json.loads(next(p.value for p in model.metadata_props if p.key == METADATA_KEY))
-    meta["chunk"] |= {"execute": spec.execute, "ensemble": spec.ensemble}
+    meta["chunk"] = chunk(meta)
     del model.metadata_props[:]
     entry = model.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(meta)
     onnx.save(model, str(target))
     return target
+
+
+def _with_spec(source, target, spec: ChunkSpec):
+    """`source` with its chunk section's execution fields replaced by `spec`'s."""
+    return _rewritten(source, target, lambda m: m["chunk"] | {"execute": spec.execute, "ensemble": spec.ensemble})
 
 
 def test_an_exported_chunk_bundle_says_how_its_chunks_run(chunk_bundles) -> None:
@@ -209,28 +214,15 @@ def test_re_anchoring_a_chunk_never_moves_the_target_faster_than_the_rate_limit(
 def test_chunk_metadata_an_attacker_edits_is_refused_with_the_field_named(
     chunk_bundles, tmp_path, chunk, message
 ) -> None:
-    model = onnx.load(str(chunk_bundles[3]))
-    meta = json.loads(next(p.value for p in model.metadata_props if p.key == METADATA_KEY))
-    meta["chunk"] = chunk
-    del model.metadata_props[:]
-    entry = model.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps(meta)
-    bad = tmp_path / "bad.onnx"
-    onnx.save(model, str(bad))
+    bad = _rewritten(chunk_bundles[3], tmp_path / "bad.onnx", lambda m: chunk)
     with pytest.raises(BundleError) as err:
         PolicyBundle(bad)
     assert str(bad) in str(err.value) and message in str(err.value)
 
 
 def test_a_per_step_bundle_claiming_chunks_is_refused(pendulum_bundle, tmp_path) -> None:
-    model = onnx.load(str(pendulum_bundle))
-    meta = json.loads(next(p.value for p in model.metadata_props if p.key == METADATA_KEY))
-    meta["chunk"] = {"size": 4, "execute": 4, "ensemble": None, "dt": meta["control_period"]}
-    del model.metadata_props[:]
-    entry = model.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps(meta)
-    bad = tmp_path / "bad.onnx"
-    onnx.save(model, str(bad))
+    claim = lambda m: {"size": 4, "execute": 4, "ensemble": None, "dt": m["control_period"]}  # noqa: E731
+    bad = _rewritten(pendulum_bundle, tmp_path / "bad.onnx", claim)
     with pytest.raises(BundleError, match=r"graph actions shape \[1, 1\] for a batch of 1 disagrees"):
         PolicyBundle(bad)
 
