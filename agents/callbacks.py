@@ -69,15 +69,28 @@ def deterministic_policy(agent: ActorCritic, env: VecEnv) -> Callable[[torch.Ten
 def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int) -> torch.Tensor:
     """Return of the first episode of every env under `policy` (one episode per env; what a policy
     with per-episode state does after its env's episode ended is never counted)."""
+    return evaluate_episodes(policy, env, seed)[0]
+
+
+@torch.no_grad()
+def evaluate_episodes(
+    policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """As `evaluate`, with whether each env's episode ever passed the task's success test (None for
+    tasks without one)."""
     obs = env.reset(seed=seed)
     returns = torch.zeros(env.num_envs, device=env.device)
     finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
+    success: torch.Tensor | None = None
     while not bool(finished.all()):
         result = env.step(policy(obs))
         returns += torch.where(finished, 0.0, result.reward)
+        flag = result.info.get("success")
+        if flag is not None:
+            success = (flag.bool() & ~finished) | (success if success is not None else False)
         finished |= result.done
         obs = result.obs
-    return returns
+    return returns, success
 
 
 class Every:
@@ -147,7 +160,8 @@ class EvalCallback(Callback):
     def _evaluate(self, trainer: Trainer) -> None:
         self._done_at = trainer.step
         value = trainer.evaluate()
-        trainer.logger.log(trainer.step, {"eval_return": value})
+        success = {"eval_success": trainer.last_eval_success} if trainer.last_eval_success is not None else {}
+        trainer.logger.log(trainer.step, {"eval_return": value, **success})
         stop = trainer.config.stop_return
         if stop is not None and value >= stop:
             raise StopTraining

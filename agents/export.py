@@ -14,6 +14,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -25,6 +26,7 @@ from q2real.agents.common.run_dir import git_state
 from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.learners import restore_agent
 from q2real.configs.loader import to_dict
+from q2real.deploy_ros.chunks import ChunkSpec
 from q2real.deploy_ros.schema import METADATA_KEY, SCHEMA_VERSION, BundleError, read_metadata, robot_metadata
 from q2real.hardware.action import command_from_action
 from q2real.sim import VecEnv, make
@@ -33,38 +35,46 @@ from q2real.sim import VecEnv, make
 OPSET = 17
 
 
-class DeployPolicy(nn.Module):
-    """raw obs -> normalize -> deterministic actor -> clip to [-1, 1] -> joint commands, (batch, action_dim);
-    a chunk policy's are (batch, chunk, action_dim), one row per tick."""
+class CommandGraph(nn.Module):
+    """raw obs -> `policy` (actions in [-1, 1], a chunk's flattened) -> clip -> joint commands,
+    (batch, action_dim), or (batch, chunk, action_dim) for a chunk policy, one row per tick."""
 
     scale: torch.Tensor
 
-    def __init__(self, agent: ActorCritic, scale: torch.Tensor, offset: torch.Tensor):
+    def __init__(self, policy: nn.Module, chunk: int, scale: torch.Tensor, offset: torch.Tensor):
         super().__init__()
-        self.obs_norm = copy.deepcopy(agent.obs_norm).cpu()
-        self.actor = copy.deepcopy(agent.actor).cpu()
+        self.policy = copy.deepcopy(policy).cpu()
         self.register_buffer("scale", scale.detach().cpu().float())
         self.register_buffer("offset", offset.detach().cpu().float())
-        self.chunk = agent.config.chunk.policy_length
+        self.chunk = chunk
         self.eval()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        action = self.actor(self.obs_norm(obs)).clamp(-1.0, 1.0)
+        action = self.policy(obs).clamp(-1.0, 1.0)
         if self.chunk > 1:
             action = action.reshape(-1, self.chunk, self.scale.numel())
         return command_from_action(action, self.scale, self.offset)
 
 
-def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int) -> dict:
-    """The metadata document; every number at full precision (JSON floats are float64)."""
+class DeployPolicy(CommandGraph):
+    """An actor-critic's deterministic policy: its observation normalizer, then its actor."""
+
+    def __init__(self, agent: ActorCritic, scale: torch.Tensor, offset: torch.Tensor):
+        super().__init__(nn.Sequential(agent.obs_norm, agent.actor), agent.config.chunk.policy_length, scale, offset)
+
+
+def bundle_metadata(
+    env: VecEnv, task: str, normalization: dict, chunk: ChunkSpec, training: dict[str, Any]
+) -> dict[str, Any]:
+    """The metadata document of a policy for `env`; every number at full precision (JSON floats are
+    float64). `training` says where the policy came from (algo, config, and what else its maker records)."""
     spec = getattr(env, "spec", None)
     if env.control_period is None:
-        raise BundleError(f"{config.env.task}: the env does not say its control period; a bundle needs one")
-    chunk = agent.config.chunk.spec()
+        raise BundleError(f"{task}: the env does not say its control period; a bundle needs one")
     actions_shape = ["batch", *([chunk.size] if chunk.size > 1 else []), env.action_dim]
     return {
         "schema_version": SCHEMA_VERSION,
-        "task": config.env.task,
+        "task": task,
         "robot": robot_metadata(spec) if spec is not None else None,
         "control_period": env.control_period,
         "observation": {
@@ -73,10 +83,7 @@ def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: 
                 {"name": n, "dim": d} | ({"source": env.obs_sources[i]} if env.obs_sources else {})
                 for i, (n, d) in enumerate(zip(env.obs_names, env.obs_dims, strict=True))
             ],
-            "normalization": {
-                "baked_in": agent.obs_norm.enabled,
-                "clip": agent.obs_norm.clip,
-            },
+            "normalization": normalization,
         },
         "action": {
             "dim": env.action_dim,
@@ -90,11 +97,17 @@ def bundle_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: 
             "output": {"name": "actions", "shape": actions_shape},
         },
         **({"chunk": chunk.metadata(env.control_period)} if chunk.size > 1 else {}),
-        "training": {"algo": config.algo, "env_steps": step, "config": to_dict(config)},
+        "training": training,
         "git_sha": git_state(Path(__file__).resolve().parent)["git_sha"],
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "opset": OPSET,
     }
+
+
+def agent_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int) -> dict[str, Any]:
+    normalization = {"baked_in": agent.obs_norm.enabled, "clip": agent.obs_norm.clip}
+    training = {"algo": config.algo, "env_steps": step, "config": to_dict(config)}
+    return bundle_metadata(env, config.env.task, normalization, agent.config.chunk.spec(), training)
 
 
 def load_run_policy(run_dir: Path) -> tuple[TrainConfig, VecEnv, ActorCritic, int]:
@@ -122,7 +135,12 @@ def export_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
 def write_bundle(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int, output: Path) -> Path:
     """Export `agent`'s deterministic policy for `env` to `output` (atomically) plus the JSON sidecar."""
     policy = DeployPolicy(agent, env.action_scale, env.action_offset)
-    meta = bundle_metadata(config, env, agent, step)
+    return write_graph(policy, agent_metadata(config, env, agent, step), output)
+
+
+def write_graph(policy: nn.Module, meta: dict[str, Any], output: Path) -> Path:
+    """Trace `policy` (raw obs -> joint commands) to ONNX at `output` with `meta` embedded, atomically,
+    and write the JSON sidecar; our own loader must accept the result."""
     tmp = output.with_name(f".{output.name}.tmp")
     torch.onnx.export(
         policy,

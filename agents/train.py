@@ -23,7 +23,7 @@ from q2real.agents.callbacks import (
     LogCallback,
     StopTraining,
     deterministic_policy,
-    evaluate,
+    evaluate_episodes,
 )
 from q2real.agents.common.checkpoint import CHECKPOINT, save_checkpoint
 from q2real.agents.common.episodes import EpisodeTracker
@@ -70,6 +70,8 @@ class Trainer:
         """The first env step of this window at which an env output or update metric was non-finite."""
         self.last_checkpoint: Path | None = None
         self.last_eval: float | None = None
+        self.last_eval_success: float | None = None
+        """Share of the last evaluation's episodes that passed the task's success test (None: no test)."""
         self.parallel: ParallelLearners | None = None
         self.obs = self.env.reset(seed=config.env.seed)
         elapsed = 0.0
@@ -221,8 +223,9 @@ class Trainer:
     # --- evaluation and checkpoints --------------------------------------------------------------------
     def evaluate(self) -> float:
         policy = deterministic_policy(self.agent, self.eval_env)
-        returns = evaluate(policy, self.eval_env, self.config.env.seed + 10_000)
+        returns, success = evaluate_episodes(policy, self.eval_env, self.config.env.seed + 10_000)
         self.last_eval = float(returns.mean())
+        self.last_eval_success = float(success.float().mean()) if success is not None else None
         return self.last_eval
 
     def save_checkpoint(self) -> Path:

@@ -26,7 +26,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "safety": {"configs", "hardware"},
     "sim": {"configs", "hardware", "safety"},
     "agents": {"configs", "hardware", "sim", BUNDLE_SCHEMA, CHUNKS},
-    "residual": {"configs", "hardware", "sim", "agents", BUNDLE_SCHEMA},
+    "residual": {"configs", "hardware", "sim", "agents", BUNDLE_SCHEMA, CHUNKS},
     "deploy_ros": {"configs", "hardware", "safety"},
     "gate": {"configs", "hardware", "safety", "sim", "agents", "residual", "deploy_ros"},
     "cli": {"configs", "hardware", "safety", "sim", "agents", "residual", "deploy_ros", "gate"},

@@ -3,7 +3,9 @@
 The target is the task's command: a point in the robot base frame, uniform in a box in front of the
 robot, fixed for the episode; on a robot it arrives on the node's command input. Observation terms:
 `joint_position` (7), `joint_velocity` (7), `target` (3). Reward in [0, 1] per step: 1 - tanh(d / scale)
-with d the end-effector-to-target distance, so the last centimetres still pay. No terminal states.
+with d the end-effector-to-target distance, so the last centimetres still pay; with `sparse`, 1 on the
+steps the end effector is within `success_radius` of the target, else 0. Success: it ever was. No
+terminal states.
 Reset: home pose plus joint noise.
 """
 
@@ -50,6 +52,10 @@ class ArmReachConfig(TaskConfig):
     """Distance (m) at which the reward has fallen to 1 - tanh(1) = 0.24."""
     joint_noise: float = 0.1
     """Std (rad) of the Gaussian noise on the home pose at reset."""
+    sparse: bool = False
+    """Reward 1 only while the end effector is within `success_radius` of the target, else 0."""
+    success_radius: float = 0.05
+    """m, end effector to target."""
 
 
 class ArmReach(Task):
@@ -91,5 +97,10 @@ class ArmReach(Task):
     def distance(self, physics: PhysicsState) -> torch.Tensor:
         return (physics.sensordata[:, self._ee] - self.command).norm(dim=-1)
 
+    def success(self, physics: PhysicsState) -> torch.Tensor:
+        return self.distance(physics) <= self.config.success_radius
+
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        if self.config.sparse:
+            return self.success(physics).float()
         return 1 - torch.tanh(self.distance(physics) / self.config.distance_scale)
