@@ -25,19 +25,20 @@ from q2real.agents.callbacks import (
     deterministic_policy,
     evaluate_episodes,
 )
+from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT, save_checkpoint
 from q2real.agents.common.episodes import EpisodeTracker
 from q2real.agents.common.guard import FiniteFlags, check_finite, parameters_of
 from q2real.agents.common.metrics import MetricLogger
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import RunDir
-from q2real.agents.common.samplers import make_sampler
+from q2real.agents.common.samplers import UniformSampler, make_sampler
 from q2real.agents.common.threads import ThreadTuner
 from q2real.agents.config import TrainConfig
 from q2real.agents.learners import build_agent
 from q2real.agents.pql import LearnerJob, ParallelLearners
 from q2real.agents.training_state import restore, training_state
-from q2real.sim import make
+from q2real.sim import EnvConfig, VecEnv, make
 
 
 class Trainer:
@@ -48,14 +49,16 @@ class Trainer:
         self.config = config
         self._torch_threads = torch.get_num_threads()  # restored after the run: the setting is process-wide
         torch.manual_seed(config.env.seed)
-        self.env = make(config.env)
+        self.env = self.make_env(config.env)
         self.threads = self._thread_policy()
-        self.eval_env = make(dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000))
-        self.agent = build_agent(config, self.env)
+        self.eval_env = self.make_env(
+            dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000)
+        )
+        self.agent = self.build_agent()
         self.replay = ReplayStorage(
             config.replay_capacity, self.env.num_envs, self.env.obs_dim, self.env.action_dim, self.env.device
         )
-        self.sampler = make_sampler(config.sampler, self.replay)
+        self.sampler = self.make_sampler()
         self.episodes = EpisodeTracker(self.env.num_envs, self.env.device)
         spec = config.agent.chunk.spec()
         self.chunks = ChunkExecutor(self.agent.act, spec, self.env) if spec.size > 1 else None
@@ -90,15 +93,30 @@ class Trainer:
         builtin = [LogCallback(), EvalCallback(), CheckpointCallback()]
         self.callbacks = [*builtin, *callbacks]
 
+    # --- pieces a training job built on this loop may replace ----------------------------------------
+    def make_env(self, env_config: EnvConfig) -> VecEnv:
+        """The training env, and (with the evaluation seed and count) the evaluation env."""
+        return make(env_config)
+
+    def build_agent(self) -> ActorCritic:
+        return build_agent(self.config, self.env)
+
+    def make_sampler(self) -> UniformSampler:
+        return make_sampler(self.config.sampler, self.replay)
+
+    def warmup_action(self) -> torch.Tensor:
+        """What the envs do before learning starts: uniform random actions."""
+        env = self.env
+        return torch.rand(env.num_envs, env.action_dim, device=env.device) * 2 - 1
+
+    def policy_action(self) -> torch.Tensor:
+        """The agent's exploring action, a chunk policy's through the robot's queue."""
+        return self.chunks(self.obs) if self.chunks is not None else self.agent.act(self.obs)
+
     # --- one iteration -----------------------------------------------------------------------------
     def collect(self) -> None:
         env, agent = self.env, self.agent
-        if self.step < self.config.warmup_steps:
-            action = torch.rand(env.num_envs, env.action_dim, device=env.device) * 2 - 1
-        elif self.chunks is not None:
-            action = self.chunks(self.obs)
-        else:
-            action = agent.act(self.obs)
+        action = self.warmup_action() if self.step < self.config.warmup_steps else self.policy_action()
         result = env.step(action)
         self.finite.record({"env output next_obs": result.next_obs, "env output reward": result.reward}, self.step)
         self.replay.add(self.obs, action, result)

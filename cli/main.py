@@ -1,4 +1,4 @@
-"""The `q2real` command: `train`, `eval`, `export`, `deploy`, `transfer`, `envs`, `presets`, `rollout`.
+"""The `q2real` command: `train`, `eval`, `export`, `deploy`, `transfer`, `demos`, `envs`, `presets`, `rollout`.
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
@@ -76,6 +76,21 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job_kind(preset: str | None, overrides: list[str]) -> str:
+    """Which training job a preset and overrides describe: `bc` (algo=bc), `residual` (a `residual`
+    section: residual RL or RL from demonstrations) or `rl` (the off-policy learners)."""
+    from q2real.configs.loader import preset_path
+
+    data = {}
+    if preset is not None:
+        loaded = yaml.safe_load(preset_path(preset).read_text())
+        data = loaded if isinstance(loaded, dict) else {}
+    parsed = parse_overrides(overrides)
+    if parsed.get("algo", data.get("algo")) == "bc":
+        return "bc"
+    return "residual" if "residual" in parsed or "residual" in data else "rl"
+
+
 def _train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -91,11 +106,22 @@ def _train(args: argparse.Namespace) -> int:
         if not (resume / "checkpoint.pt").is_file():
             raise ConfigError(f"--resume {resume}: no checkpoint.pt in that directory")
         preset = str(resume / "config.yaml")
-    config = load(TrainConfig, preset, args.overrides)
+    kind = _job_kind(preset, args.overrides)
+    if kind == "bc":
+        return _train_bc(args, preset)
+    if kind == "residual":
+        from q2real.residual.train import ResidualTrainConfig, ResidualTrainer
+
+        config = load(ResidualTrainConfig, preset, args.overrides)
+    else:
+        config = load(TrainConfig, preset, args.overrides)
     if args.print_config:
         print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
         return 0
-    trainer = Trainer(config, resume=resume)
+    if kind == "residual":
+        trainer = ResidualTrainer(config, resume=resume)  # pyright: ignore[reportArgumentType]
+    else:
+        trainer = Trainer(config, resume=resume)
     try:
         trainer.run()
     except KeyboardInterrupt:
@@ -110,8 +136,112 @@ def _train(args: argparse.Namespace) -> int:
     print(f"run directory: {trainer.path}")
     print(f"learning curve: {trainer.path / 'curves.png'}")
     print(f"checkpoint: {trainer.last_checkpoint}")
-    print(f"final evaluation: mean return {trainer.last_eval:.1f} over {config.eval_envs} episodes")
+    success = f", success {trainer.last_eval_success:.2f}" if trainer.last_eval_success is not None else ""
+    print(f"final evaluation: mean return {trainer.last_eval:.1f} over {config.eval_envs} episodes{success}")
     return 0
+
+
+def _train_bc(args: argparse.Namespace, preset: str | None) -> int:
+    from q2real.residual.bc import BCConfig, BCRun
+
+    if args.resume:
+        raise ConfigError("--resume: a BC run retrains in minutes; start a new one")
+    config = load(BCConfig, preset, args.overrides)
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        return 0
+    run = BCRun(config)
+    print(f"bc: {run.demos.num_episodes} episodes, {len(run.demos.obs)} frames of {run.config.dataset}")
+    run.run()
+    print(f"run directory: {run.path}")
+    print(f"stopped after {run.epochs} epochs; best validation loss {run.best_val:.5f}")
+    if run.eval_return is not None:
+        print(
+            f"evaluation: mean return {run.eval_return:.1f}, success {run.eval_success:.2f} "
+            f"over {config.eval_episodes} episodes"
+        )
+    return 0
+
+
+def _demos(args: argparse.Namespace) -> int:
+    from q2real.residual.dataset import read_lerobot, write_lerobot
+
+    if args.demos_command == "info":
+        demos = read_lerobot(args.dataset)
+        lengths = demos.bounds() @ [-1, 1]
+        print(
+            f"{args.dataset}: task {demos.task or '(unknown)'}, {demos.num_episodes} episodes, "
+            f"{len(demos.obs)} frames at {demos.fps:g} fps, episode length {lengths.min()}-{lengths.max()}"
+        )
+        print(
+            f"observation {demos.obs.shape[1]}, action {demos.action.shape[1]}, "
+            f"success {demos.episode_success().mean():.2f}, source: {demos.q2real.get('source', 'unknown')}"
+        )
+        return 0
+    if args.demos_command == "import":
+        from q2real.residual.robomimic import read_robomimic
+
+        demos = read_robomimic(args.file, args.obs_keys)
+        write_lerobot(demos, args.out, robot_type="panda")
+        print(f"{args.out}: {demos.num_episodes} episodes, {len(demos.obs)} frames from {args.file}")
+        return 0
+    return _demos_record(args)
+
+
+def _demos_record(args: argparse.Namespace) -> int:
+    from q2real.residual.dataset import write_lerobot
+    from q2real.residual.record import RecordConfig, record
+    from q2real.sim import make
+
+    config = load(RecordConfig, args.preset, args.overrides)
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        return 0
+    env = make(config.env)
+    try:
+        if config.policy == "expert":
+            from q2real.residual.experts import make_expert
+
+            expert = make_expert(config.env.task, env)
+            policy, reset, source = expert, expert.reset, f"scripted expert {type(expert).__name__}"
+        else:
+            policy, reset = _bundle_policy(config.policy, env)
+            source = f"bundle {config.policy}"
+        recorded = record(env, policy, config.episodes, config.env, source, reset, config.successful_only, config.seed)
+    finally:
+        env.close()
+    spec = getattr(env, "spec", None)
+    names = {
+        "observation.state": [
+            f"{name}.{i}" for name, dim in zip(env.obs_names, env.obs_dims, strict=True) for i in range(dim)
+        ],
+        "action": list(spec.joint_names) if spec is not None else None,
+    }
+    write_lerobot(recorded.demos, config.out, robot_type=spec.name if spec is not None else "", names=names)
+    print(
+        f"{config.out}: {recorded.demos.num_episodes} episodes, {len(recorded.demos.obs)} frames; "
+        f"{source} succeeded in {recorded.success_rate:.0%} of {recorded.episodes_recorded} episodes"
+    )
+    return 0
+
+
+def _bundle_policy(path: str, env):
+    """A bundle's deterministic actions in [-1, 1] on `env`, chunks through the robot's queue."""
+    import torch
+
+    from q2real.agents.callbacks import ChunkExecutor
+    from q2real.deploy_ros.bundle import PolicyBundle
+
+    runner = PolicyBundle(path)
+
+    def predict(obs: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(runner.normalized(runner(obs.cpu().numpy()))).to(env.device)
+
+    chunk = runner.info.chunk
+    if chunk.size == 1:
+        return predict, None
+    executor = ChunkExecutor(predict, chunk, env)
+    return executor, executor.clear
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -126,9 +256,17 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from q2real.agents.export import export_run
+    from pathlib import Path
 
-    path = export_run(args.run_dir, args.output)
+    config = Path(args.run_dir) / "config.yaml"
+    data = yaml.safe_load(config.read_text()) if config.is_file() else {}
+    if isinstance(data, dict) and data.get("algo") == "bc":
+        from q2real.residual.bc import export_bc as export
+    elif isinstance(data, dict) and "residual" in data:
+        from q2real.residual.export import export_residual as export
+    else:
+        from q2real.agents.export import export_run as export
+    path = export(args.run_dir, args.output)
     print(f"policy bundle: {path}")
     print(f"metadata: {path.with_suffix(path.suffix + '.json')}")
     return 0
@@ -246,6 +384,17 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--ros-episodes", type=int, help="episodes through the node, real time each (default 8)")
     gate.add_argument("--threshold", type=float, help="lowest ratio interval bound a row may have (default 0.9)")
     gate.set_defaults(func=_transfer)
+    demos = command("demos", help="demonstrations: record (scripted expert or bundle), import robomimic, inspect")
+    demos_sub = demos.add_subparsers(dest="demos_command", required=True)
+    rec = demos_sub.add_parser("record", parents=[common], help="roll out an expert or a bundle into a dataset")
+    _job_arguments(rec)
+    imp = demos_sub.add_parser("import", parents=[common], help="convert a robomimic hdf5 file to a dataset")
+    imp.add_argument("file", metavar="HDF5")
+    imp.add_argument("out", metavar="DATASET_DIR")
+    imp.add_argument("--obs-keys", nargs="+", metavar="KEY", help="low-dimensional obs keys, in order")
+    info = demos_sub.add_parser("info", parents=[common], help="summarize a dataset")
+    info.add_argument("dataset", metavar="DATASET_DIR")
+    demos.set_defaults(func=_demos)
     roll = command("rollout", help="run a random or zero policy through a task and log its returns")
     _job_arguments(roll)
     roll.set_defaults(func=_rollout)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -11,6 +11,25 @@ import torch
 from q2real.agents.common.progress import Progress
 from q2real.residual.dataset import Demos
 from q2real.sim import EnvConfig, VecEnv
+
+
+@dataclass
+class RecordConfig:
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(task="panda_reach", num_envs=8))
+    episodes: int = 50
+    out: str = ""
+    """The new dataset folder."""
+    policy: str = "expert"
+    """`expert` (the task's scripted expert) or a policy bundle (.onnx)."""
+    successful_only: bool = False
+    """Keep recording until `episodes` episodes succeeded, and keep only those."""
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not self.out:
+            raise ValueError("out: expected the folder to write the dataset to")
+        if self.episodes < 1:
+            raise ValueError(f"episodes: expected >= 1, got {self.episodes}")
 
 
 @dataclass

@@ -45,6 +45,9 @@ class ActorCriticConfig:
     """Layer widths; for the `flash` trunk, one entry per inverted-residual block."""
     network: Trunk = "mlp"
     num_critics: int = 2
+    target_subset: int = 0
+    """Bootstrap from the minimum over a random subset of this many target critics, drawn per update
+    (REDQ/RLPD: 10 critics, subsets of 2); 0 = the minimum over all of them."""
     policy_delay: int = 1
     """Critic updates per actor update."""
     critic_head: Literal["scalar", "categorical"] = "scalar"
@@ -82,6 +85,8 @@ class ActorCriticConfig:
             (self.network != "flash" or len(set(self.actor_hidden)) == 1, "actor_hidden", "equal widths (flash)"),
             (self.network != "flash" or len(set(self.critic_hidden)) == 1, "critic_hidden", "equal widths (flash)"),
             (self.num_critics >= 1, "num_critics", ">= 1"),
+            (0 <= self.target_subset <= self.num_critics, "target_subset", f"in [0, num_critics={self.num_critics}]"),
+            (self.target_subset == 0 or self.chunk.critic == "qc", "target_subset", "0 for chunk.critic dqc/multi"),
             (self.policy_delay >= 1, "policy_delay", ">= 1"),
             (self.critic_head != "categorical" or self.num_atoms >= 2, "num_atoms", ">= 2 (categorical head)"),
             (-math.inf < self.v_min < self.v_max < math.inf, "v_min", "finite and < v_max"),
@@ -268,6 +273,9 @@ class ActorCritic(nn.Module):
             with torch.no_grad():
                 target_out = self.critic_target(next_obs, next_action)
             out = self.critic(obs, batch.action)
+        if cfg.target_subset:
+            members = torch.randperm(target_out.shape[0], device=target_out.device)[: cfg.target_subset]
+            target_out = target_out[members]
         return self.head.loss(out, target_out, reward, batch.discount, bonus, batch.weight)
 
     def actor_update(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:

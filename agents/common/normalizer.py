@@ -10,14 +10,17 @@ class ObsNormalizer(nn.Module):
     """Running mean/variance of observations (Chan et al. parallel update), applied as (x - mean) / std.
 
     Its buffers live in the agent's state dict, so a checkpoint or an exported bundle carries them.
+    The last `passthrough` features are left as they are (a base policy's actions in [-1, 1], which a
+    residual adds to and so must see unscaled).
     """
 
     mean: torch.Tensor
     var: torch.Tensor
     count: torch.Tensor
 
-    def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-4, enabled: bool = True):
+    def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-4, enabled: bool = True, passthrough: int = 0):
         super().__init__()
+        self.passthrough = passthrough
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("var", torch.ones(dim))
         self.register_buffer("count", torch.tensor(eps))
@@ -37,7 +40,10 @@ class ObsNormalizer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
             return x
-        return ((x - self.mean) * torch.rsqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
+        normalized = ((x - self.mean) * torch.rsqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
+        if self.passthrough:
+            return torch.cat([normalized[..., : -self.passthrough], x[..., -self.passthrough :]], dim=-1)
+        return normalized
 
 
 class ReturnScaler(nn.Module):

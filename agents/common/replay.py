@@ -94,6 +94,20 @@ class ReplayStorage:
         self.cursor[1] = min(self.size + 1, self.rows)
         self.cursor[0] = (row + 1) % self.rows
 
+    def extend(self, obs: torch.Tensor, action: torch.Tensor, result: StepResult) -> None:
+        """Write K consecutive rows at once (every tensor with a leading (K, num_envs)): loading a
+        recorded stream, such as demonstrations, without a Python loop over its steps."""
+        rows = (self.pos + torch.arange(len(obs))) % self.rows
+        d = self.data
+        d["obs"][rows], d["action"][rows], d["next_obs"][rows] = obs, action, result.next_obs
+        d["reward"][rows], d["terminated"][rows], d["truncated"][rows] = (
+            result.reward,
+            result.terminated,
+            result.truncated,
+        )
+        self.cursor[1] = min(self.size + len(obs), self.rows)
+        self.cursor[0] = (self.pos + len(obs)) % self.rows
+
     def gather(self, row: torch.Tensor, env: torch.Tensor, n_step: int, gamma: float, chunk: int) -> Batch:
         """n-step transitions starting at (row, env), cut at episode ends and at the newest row.
 
