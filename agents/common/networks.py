@@ -49,9 +49,11 @@ class EnsembleLayerNorm(nn.Module):
         super().__init__()
         self.scale = nn.Parameter(torch.ones(ensemble, 1, features))
         self.shift = nn.Parameter(torch.zeros(ensemble, 1, features))
+        self.features = features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.layer_norm(x, x.shape[-1:]) * self.scale + self.shift
+        # A constant shape, not x.shape[-1:]: the ONNX exporter cannot take a traced shape here.
+        return nn.functional.layer_norm(x, (self.features,)) * self.scale + self.shift
 
 
 class EnsembleBatchNorm(nn.Module):
