@@ -258,11 +258,12 @@ def _eval(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    config = Path(args.run_dir) / "config.yaml"
-    data = yaml.safe_load(config.read_text()) if config.is_file() else {}
-    if isinstance(data, dict) and data.get("algo") == "bc":
+    from q2real.gate.evaluation import run_kind
+
+    kind = run_kind(Path(args.run_dir))
+    if kind == "bc":
         from q2real.residual.bc import export_bc as export
-    elif isinstance(data, dict) and "residual" in data:
+    elif kind == "residual":
         from q2real.residual.export import export_residual as export
     else:
         from q2real.agents.export import export_run as export

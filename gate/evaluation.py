@@ -3,43 +3,84 @@
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 
 import torch
+import yaml
 
 from q2real.agents.callbacks import ChunkExecutor, deterministic_policy, evaluate
 from q2real.agents.common.checkpoint import CHECKPOINT
 from q2real.agents.config import load_run_config
 from q2real.agents.learners import restore_agent
-from q2real.configs.loader import ConfigError
-from q2real.sim import make
+from q2real.configs.errors import RunDirError
+from q2real.configs.loader import ConfigError, load
+from q2real.sim import EnvConfig, make
 
 
 def evaluate_run(
     run_dir: str | Path, episodes: int = 20, seed: int = 12345, bundle: str | Path | None = None
 ) -> torch.Tensor:
     """Returns of `episodes` deterministic episodes (one per env). With `bundle`, the exported ONNX policy
-    acts (through onnxruntime) instead of the torch checkpoint, on the very same seeded episodes."""
+    acts (through onnxruntime) instead of the torch checkpoint, on the very same seeded episodes. BC and
+    residual runs are judged through their bundle (exported to a temporary file when none is given):
+    their policy is more than one agent's actor."""
     run_dir = Path(run_dir)
     if episodes < 1:
         raise ConfigError(f"--episodes: expected >= 1, got {episodes}")
+    kind = run_kind(run_dir)
+    if kind != "rl":
+        env_config = run_env_config(run_dir, kind)
+        if bundle is not None:
+            return _evaluate_bundle(env_config, Path(bundle), episodes, seed)
+        with tempfile.TemporaryDirectory() as tmp:
+            if kind == "bc":
+                from q2real.residual.bc import export_bc as export
+            else:
+                from q2real.residual.export import export_residual as export
+            return _evaluate_bundle(env_config, export(run_dir, Path(tmp) / "policy.onnx"), episodes, seed)
     config = load_run_config(run_dir, *(() if bundle is not None else (CHECKPOINT,)))
+    if bundle is not None:
+        return _evaluate_bundle(config.env, Path(bundle), episodes, seed)
     env = make(dataclasses.replace(config.env, num_envs=episodes, seed=seed))
     try:
-        if bundle is not None:
-            from q2real.deploy_ros.bundle import PolicyBundle
+        agent, _ = restore_agent(run_dir, config, env)
+        return evaluate(deterministic_policy(agent, env), env, seed).cpu()
+    finally:
+        env.close()
 
-            runner = PolicyBundle(bundle)
 
-            def predict(obs: torch.Tensor) -> torch.Tensor:
-                commands = runner(obs.cpu().numpy())
-                return torch.from_numpy(runner.normalized(commands)).to(env.device)
+def run_kind(run_dir: Path) -> str:
+    """`bc`, `residual` (residual RL or RL from demonstrations) or `rl`, from the run's config.yaml."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise RunDirError(f"{run_dir}: not a training run directory (no config.yaml)")
+    data = yaml.safe_load(path.read_text())
+    if isinstance(data, dict) and data.get("algo") == "bc":
+        return "bc"
+    return "residual" if isinstance(data, dict) and "residual" in data else "rl"
 
-            chunk = runner.info.chunk
-            policy = ChunkExecutor(predict, chunk, env) if chunk.size > 1 else predict
-        else:
-            agent, _ = restore_agent(run_dir, config, env)
-            policy = deterministic_policy(agent, env)
+
+def run_env_config(run_dir: Path, kind: str) -> EnvConfig:
+    from q2real.residual.bc import BCConfig
+    from q2real.residual.train import ResidualTrainConfig
+
+    return load(BCConfig if kind == "bc" else ResidualTrainConfig, str(run_dir / "config.yaml")).env
+
+
+def _evaluate_bundle(env_config: EnvConfig, bundle: Path, episodes: int, seed: int) -> torch.Tensor:
+    from q2real.deploy_ros.bundle import PolicyBundle
+
+    runner = PolicyBundle(bundle)
+    env = make(dataclasses.replace(env_config, num_envs=episodes, seed=seed))
+    try:
+
+        def predict(obs: torch.Tensor) -> torch.Tensor:
+            commands = runner(obs.cpu().numpy())
+            return torch.from_numpy(runner.normalized(commands)).to(env.device)
+
+        chunk = runner.info.chunk
+        policy = ChunkExecutor(predict, chunk, env) if chunk.size > 1 else predict
         return evaluate(policy, env, seed).cpu()
     finally:
         env.close()

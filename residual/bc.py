@@ -138,7 +138,10 @@ class BCRun:
         self.demos, env_config = prepare(config)
         self.config = config = dataclasses.replace(config, env=env_config)
         torch.manual_seed(config.seed)
-        self.env = make(dataclasses.replace(env_config, num_envs=max(config.eval_episodes, 1)))
+        # The evaluation episodes of a training run on this env config (`Trainer.eval_env`), so a BC base
+        # and the residual on it are judged on the very same episodes.
+        eval_env = dataclasses.replace(env_config, num_envs=max(config.eval_episodes, 1), seed=env_config.seed + 10_000)
+        self.env = make(eval_env)
         if self.demos.obs.shape[1] != self.env.obs_dim or self.demos.action.shape[1] != self.env.action_dim:
             self.env.close()
             raise ConfigError(

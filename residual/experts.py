@@ -157,7 +157,7 @@ class PushExpert(ArmWaypointExpert):
 
 class LiftExpert(Expert):
     """robosuite Lift with OSC_POSE: above the cube, down to it, close the gripper, lift. The object
-    state's last three numbers are the gripper-to-cube vector and its first three the cube's position."""
+    state's last three numbers are the vector from the gripper to the cube, its first three the cube's position."""
 
     gain = 10.0
     """OSC_POSE takes deltas of up to 5 cm per unit action: an error of 10 cm is a full-scale action."""
@@ -169,7 +169,7 @@ class LiftExpert(Expert):
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         cube = obs[:, -10:-7]
-        to_cube = -obs[:, -3:]  # gripper_to_cube_pos is eef - cube in robosuite 1.5
+        to_cube = obs[:, -3:]  # gripper_to_cube_pos: cube - eef in robosuite 1.5 (measured)
         above = to_cube + torch.tensor([0.0, 0.0, 0.08], device=obs.device)
         grasp = to_cube + torch.tensor([0.0, 0.0, -0.005], device=obs.device)
         phase = self.phase
