@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,17 +32,17 @@ def read_robomimic(path: str | Path, obs_keys: Sequence[str] | None = None) -> D
     with h5py.File(path, "r") as f:
         if "data" not in f:
             raise DatasetError(f"{path}: no 'data' group; not a robomimic dataset")
-        data = f["data"]
+        data: Any = f["data"]  # h5py's Group items are typed as a union; these are groups and datasets
         names = sorted((k for k in data if re.fullmatch(r"demo_\d+", k)), key=lambda k: int(k[5:]))
         if not names:
             raise DatasetError(f"{path}: data holds no demo_<i> groups")
-        first = data[names[0]]
+        first: Any = data[names[0]]
         if "obs" not in first:
             raise DatasetError(f"{path}: data/{names[0]}/obs missing")
         keys = list(obs_keys) if obs_keys else sorted(first["obs"])
         parts: dict[str, list[np.ndarray]] = {"obs": [], "action": [], "reward": [], "terminal": [], "episode": []}
         for i, name in enumerate(names):
-            demo = data[name]
+            demo: Any = data[name]
             for key in ("actions", "rewards", "dones"):
                 if key not in demo:
                     raise DatasetError(f"{path}: data/{name}/{key} missing")
