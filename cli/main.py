@@ -76,7 +76,7 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job_kind(preset: str | None, overrides: list[str]) -> str:
+def job_kind(preset: str | None, overrides: list[str]) -> str:
     """Which training job a preset and overrides describe: `bc` (algo=bc), `residual` (a `residual`
     section: residual RL or RL from demonstrations) or `rl` (the off-policy learners)."""
     from q2real.configs.loader import preset_path
@@ -106,7 +106,7 @@ def _train(args: argparse.Namespace) -> int:
         if not (resume / "checkpoint.pt").is_file():
             raise ConfigError(f"--resume {resume}: no checkpoint.pt in that directory")
         preset = str(resume / "config.yaml")
-    kind = _job_kind(preset, args.overrides)
+    kind = job_kind(preset, args.overrides)
     if kind == "bc":
         return _train_bc(args, preset)
     if kind == "residual":

@@ -175,7 +175,7 @@ class BCRun:
             optim = torch.optim.AdamW(self.policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
             best = copy.deepcopy(self.policy.state_dict())
             stale = 0
-            progress = Progress(config.max_epochs, "bc epochs")
+            progress = Progress(config.max_epochs, "bc", unit="epoch")
             for epoch in range(config.max_epochs):
                 perm = torch.randperm(len(obs), device=device)
                 total = torch.zeros((), device=device)

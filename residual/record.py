@@ -60,7 +60,7 @@ def record(
     obs = env.reset(seed=seed)
     kept = finished = succeeded = 0
     running = torch.zeros(n, dtype=torch.bool, device=env.device)
-    progress = Progress(episodes, "recording episodes")
+    progress = Progress(episodes, "recording", unit="episode")
     limit = 1000 * episodes
     while kept < episodes:
         action = policy(obs)

@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 
 class Progress:
-    def __init__(self, total: int, description: str, stream=None, plain_interval_s: float = 10.0):
+    def __init__(self, total: int, description: str, stream=None, plain_interval_s: float = 10.0, unit: str = "step"):
         self.stream = stream or sys.stderr
         self.total = total
         self.done = 0
@@ -17,8 +17,9 @@ class Progress:
         self._start = self._last_print = time.monotonic()
         self._interval = plain_interval_s
         self._postfix = ""
+        self._unit = unit
         tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._bar = tqdm(total=total, desc=description, unit="step", unit_scale=True, file=self.stream) if tty else None
+        self._bar = tqdm(total=total, desc=description, unit=unit, unit_scale=True, file=self.stream) if tty else None
 
     def update(self, steps: int, **postfix: float) -> None:
         self.done += steps
@@ -35,8 +36,8 @@ class Progress:
             rate = self.done / max(now - self._start, 1e-9)
             eta = (self.total - self.done) / rate if rate > 0 else float("inf")
             print(
-                f"{self._description}: {self.done}/{self.total} steps ({100 * self.done / self.total:.0f}%)  "
-                f"{rate:,.0f} steps/s  ETA {eta:,.0f} s  {self._postfix}",
+                f"{self._description}: {self.done}/{self.total} {self._unit}s ({100 * self.done / self.total:.0f}%)  "
+                f"{rate:,.0f} {self._unit}s/s  ETA {eta:,.0f} s  {self._postfix}",
                 file=self.stream,
                 flush=True,
             )

@@ -80,7 +80,19 @@ def test_parse_overrides_nests_and_parses_yaml() -> None:
 
 @pytest.mark.parametrize("name", list_presets())
 def test_shipped_presets_resolve(name: str) -> None:
-    load(TrainConfig, name)
+    """Each as the job `q2real train --preset NAME` would run (a `residual:` section makes it residual RL)."""
+    from q2real.cli.main import job_kind
+    from q2real.residual.train import ResidualTrainConfig
+
+    load(ResidualTrainConfig if job_kind(name, []) == "residual" else TrainConfig, name)
+
+
+def test_the_residual_preset_is_a_residual_job() -> None:
+    from q2real.cli.main import job_kind
+
+    assert job_kind("residual_panda_push", []) == "residual"
+    assert job_kind("sac_panda_push", ["residual.scale=0.2"]) == "residual"
+    assert job_kind(None, ["algo=bc"]) == "bc" and job_kind("sac_panda_push", []) == "rl"
 
 
 def test_env_task_params_are_checked_against_the_task_config() -> None:
