@@ -78,4 +78,5 @@ def test_the_residual_lifts_a_weak_base_on_panda_reach(tmp_path: Path) -> None:
     trainer = ResidualTrainer(config)
     trainer.run()
     assert bc.eval_return is not None and trainer.last_eval is not None
+    print(f"base return {bc.eval_return:.1f} (success {bc.eval_success}); residual {trainer.last_eval:.1f}")
     assert trainer.last_eval > bc.eval_return + 10, (bc.eval_return, trainer.last_eval)

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from q2real.agents.callbacks import evaluate
+from q2real.agents.common.chunk_critics import ChunkConfig
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import LogConfig
 from q2real.agents.sac import SACConfig
 from q2real.configs.loader import ConfigError
-from q2real.residual.bc import load_bc
+from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.residual.bc import BCConfig, BCRun, load_bc
 from q2real.residual.dataset import Demos, read_lerobot
 from q2real.residual.demo_replay import DemoMixSampler, demo_storage
 from q2real.residual.export import ResidualGraph, export_residual, load_residual_run
@@ -227,3 +229,29 @@ def test_one_graph_bundle_matches_torch(tmp_path: Path, reach_base: Path, reach_
     assert meta["training"]["residual"]["base"]["run_dir"] == str(reach_base.resolve())
     assert len(meta["training"]["residual"]["base"]["checkpoint_sha256"]) == 64
     assert meta["observation"]["dim"] == 17  # the robot feeds raw observations; the base runs inside
+
+
+def test_a_chunk_base_gets_a_residual_over_its_whole_chunk(tmp_path: Path, reach_demos: Path) -> None:
+    base_config = BCConfig(
+        dataset=str(reach_demos),
+        chunk=2,
+        max_epochs=3,
+        eval_episodes=1,
+        log=LogConfig(root=str(tmp_path), name="bc2", tensorboard=False),
+    )
+    base = BCRun(base_config).run()
+    config = _config(tmp_path, base, reach_demos)
+    chunked = dataclasses.replace(config.agent, chunk=ChunkConfig(size=2))
+    config = dataclasses.replace(config, agent=chunked, total_steps=60, warmup_steps=20)
+    trainer = ResidualTrainer(config)
+    assert trainer.base_dim == 14 and trainer.env.obs_dim == 17 + 14 and trainer.chunks is not None
+    trainer.run()
+    bundle = PolicyBundle(export_residual(trainer.path))
+    assert bundle.info.chunk.size == 2
+    _, env, agent, _, loaded = load_residual_run(trainer.path)
+    env.close()
+    assert loaded is not None
+    obs = read_lerobot(reach_demos).obs[:16]
+    with torch.no_grad():
+        actions = ResidualGraph(loaded, agent)(torch.from_numpy(obs)).clamp(-1, 1).view(16, 2, 7)
+    np.testing.assert_allclose(bundle.normalized(bundle(obs)), actions.numpy(), atol=1e-5, rtol=0)
