@@ -50,7 +50,6 @@ class ResidualConfig:
             (0 < self.scale <= 1 and math.isfinite(self.scale), "scale", "in (0, 1]"),
             (self.progressive_steps >= 0, "progressive_steps", ">= 0"),
             (self.critic_warmup >= 0, "critic_warmup", ">= 0"),
-            (bool(self.demos) or self.demo_fraction == 0.5, "demo_fraction", "left at 0.5 without residual.demos"),
         ]
         for ok, key, expected in checks:
             if not ok:

@@ -23,7 +23,7 @@ from q2real.agents.common.samplers import UniformSampler
 from q2real.agents.config import TrainConfig
 from q2real.agents.sac import SACConfig
 from q2real.agents.train import Trainer
-from q2real.configs.loader import ConfigError, load
+from q2real.configs.loader import ConfigError
 from q2real.residual.base_env import BaseActionEnv
 from q2real.residual.bc import BCConfig, BCPolicy, load_bc
 from q2real.residual.dataset import read_lerobot
@@ -46,15 +46,6 @@ class ResidualTrainConfig(TrainConfig):
             raise ValueError("pql.enabled: residual training samples demonstrations in this process; set it false")
         if self.residual.demos and self.sampler.kind != "uniform":
             raise ValueError("sampler.kind: demonstrations are mixed into uniform batches; set sampler.kind=uniform")
-
-
-def is_residual_config(data: object) -> bool:
-    """Whether a loaded config document (a run's config.yaml, a preset) is a residual job's."""
-    return isinstance(data, dict) and "residual" in data
-
-
-def load_config(preset: str | None, overrides: Sequence[str] = ()) -> ResidualTrainConfig:
-    return load(ResidualTrainConfig, preset, list(overrides))
 
 
 class ResidualTrainer(Trainer):
@@ -130,9 +121,3 @@ def check_same_env(env: EnvConfig, other: EnvConfig, what: str) -> None:
             f"{what}: made with env.task_params.{key}={theirs.get(key)!r}, this run has {ours.get(key)!r}; "
             "record demonstrations (and clone the base) with the run's task settings"
         )
-
-
-def train(config: ResidualTrainConfig, callbacks: Sequence[Callback] = ()) -> ResidualTrainer:
-    trainer = ResidualTrainer(config, callbacks)
-    trainer.run()
-    return trainer
