@@ -231,6 +231,7 @@ def test_one_graph_bundle_matches_torch(tmp_path: Path, reach_base: Path, reach_
     assert meta["observation"]["dim"] == 17  # the robot feeds raw observations; the base runs inside
 
 
+@pytest.mark.slow  # trains a BC base and a residual, exports and loads a bundle: over 5 s on a loaded CI machine
 def test_a_chunk_base_gets_a_residual_over_its_whole_chunk(tmp_path: Path, reach_demos: Path) -> None:
     base_config = BCConfig(
         dataset=str(reach_demos),
