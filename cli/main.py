@@ -182,7 +182,9 @@ def _demos(args: argparse.Namespace) -> int:
         from q2real.residual.robomimic import read_robomimic
 
         demos = read_robomimic(args.file, args.obs_keys)
-        write_lerobot(demos, args.out, robot_type="panda")
+        robots = demos.q2real.get("env_args", {}).get("env_kwargs", {}).get("robots", "")
+        robot = robots[0] if isinstance(robots, list) and robots else robots if isinstance(robots, str) else ""
+        write_lerobot(demos, args.out, robot_type=robot)
         print(f"{args.out}: {demos.num_episodes} episodes, {len(demos.obs)} frames from {args.file}")
         return 0
     return _demos_record(args)
