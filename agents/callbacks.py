@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -72,25 +72,34 @@ def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: 
     return evaluate_episodes(policy, env, seed)[0]
 
 
+class Episodes(NamedTuple):
+    """One evaluation episode per env."""
+
+    returns: torch.Tensor
+    success: torch.Tensor | None
+    """Whether the episode ever passed the task's success test (None for tasks without one)."""
+    cost: torch.Tensor
+    """The episode's summed safety cost."""
+
+
 @torch.no_grad()
-def evaluate_episodes(
-    policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """As `evaluate`, with whether each env's episode ever passed the task's success test (None for
-    tasks without one)."""
+def evaluate_episodes(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int) -> Episodes:
+    """As `evaluate`, with each episode's success and cost."""
     obs = env.reset(seed=seed)
     returns = torch.zeros(env.num_envs, device=env.device)
+    cost = torch.zeros(env.num_envs, device=env.device)
     finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
     success: torch.Tensor | None = None
     while not bool(finished.all()):
         result = env.step(policy(obs))
         returns += torch.where(finished, 0.0, result.reward)
+        cost += torch.where(finished, 0.0, result.cost)
         flag = result.info.get("success")
         if flag is not None:
             success = (flag.bool() & ~finished) | (success if success is not None else False)
         finished |= result.done
         obs = result.obs
-    return returns, success
+    return Episodes(returns, success, cost)
 
 
 class Every:
@@ -161,7 +170,8 @@ class EvalCallback(Callback):
         self._done_at = trainer.step
         value = trainer.evaluate()
         success = {"eval_success": trainer.last_eval_success} if trainer.last_eval_success is not None else {}
-        trainer.logger.log(trainer.step, {"eval_return": value, **success})
+        assert trainer.last_eval_cost is not None, "evaluate() sets it"
+        trainer.logger.log(trainer.step, {"eval_return": value, **success, "eval_cost": trainer.last_eval_cost})
         stop = trainer.config.stop_return
         if stop is not None and value >= stop:
             raise StopTraining

@@ -11,9 +11,11 @@ from typing import Any, Literal
 from q2real.agents.common.actor_critic import ActorCriticConfig
 from q2real.agents.common.run_dir import LogConfig
 from q2real.agents.common.samplers import SamplerConfig
+from q2real.agents.coxq import COXQConfig
 from q2real.agents.flashsac import FlashSACConfig
 from q2real.agents.pql import PQLConfig
 from q2real.agents.sac import SACConfig
+from q2real.agents.sac_lag import SACLagConfig
 from q2real.agents.td3 import DDPGConfig, TD3Config
 from q2real.configs.errors import RunDirError
 from q2real.configs.loader import load, section
@@ -24,6 +26,8 @@ LEARNER_CONFIGS: dict[str, type[ActorCriticConfig]] = {
     "td3": TD3Config,
     "ddpg": DDPGConfig,
     "flashsac": FlashSACConfig,
+    "sac_lag": SACLagConfig,
+    "coxq": COXQConfig,
 }
 """algo -> its settings; a config holds exactly one of them, under the algo's name."""
 
@@ -32,7 +36,7 @@ LEARNER_CONFIGS: dict[str, type[ActorCriticConfig]] = {
 class TrainConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(task="pendulum_swingup", num_envs=4))
     log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=5_000))
-    algo: Literal["sac", "td3", "ddpg", "flashsac"] = "sac"
+    algo: Literal["sac", "td3", "ddpg", "flashsac", "sac_lag", "coxq"] = "sac"
     """Which learner; its settings are the section of the same name (`sac:`, `td3:`, ...)."""
     agent: ActorCriticConfig = section("algo", LEARNER_CONFIGS, "sac")
     """The learner's settings, written under the algo's name; switching `algo` starts from its defaults."""
@@ -92,6 +96,8 @@ class TrainConfig:
         self.agent.validate(self.algo)
         self.pql.validate()
         self.sampler.validate()
+        if self.pql.enabled and isinstance(self.agent, SACLagConfig):
+            raise ValueError(f"pql.enabled: {self.algo} keeps its multiplier and cost critic in one process; use false")
         if self.pql.enabled and self.sampler.kind != "uniform":
             raise ValueError("sampler.kind: PQL learners sample uniformly; prioritized replay needs pql.enabled=false")
         if self.sampler.kind == "dspear" and self.sampler.critic_stream and self.agent.critic_head != "scalar":

@@ -25,6 +25,7 @@ from q2real.agents.common.checkpoint import CHECKPOINT
 from q2real.agents.common.run_dir import git_state
 from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.learners import restore_agent
+from q2real.agents.sac_lag import SACLag
 from q2real.configs.loader import to_dict
 from q2real.deploy_ros.chunks import ChunkSpec
 from q2real.deploy_ros.schema import METADATA_KEY, SCHEMA_VERSION, BundleError, read_metadata, robot_metadata
@@ -61,6 +62,36 @@ class DeployPolicy(CommandGraph):
 
     def __init__(self, agent: ActorCritic, scale: torch.Tensor, offset: torch.Tensor):
         super().__init__(nn.Sequential(agent.obs_norm, agent.actor), agent.config.chunk.policy_length, scale, offset)
+
+
+class CostGraph(nn.Module):
+    """`DeployPolicy` with a second output, `cost_q` (batch,): the cost critic's Q_c(s, pi(s)) of the action
+    the policy just chose, in the learner's own units (the discounted cost to come), for the node's veto."""
+
+    def __init__(self, agent: SACLag, scale: torch.Tensor, offset: torch.Tensor):
+        super().__init__()
+        self.policy = DeployPolicy(agent, scale, offset)
+        self.norm = copy.deepcopy(agent.obs_norm).cpu()
+        self.actor = copy.deepcopy(agent.actor).cpu()
+        self.cost = copy.deepcopy(agent.cost_critic).cpu()
+        self.eval()
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        normalized = self.norm(obs)
+        return self.policy(obs), self.cost.value(normalized, self.actor(normalized).clamp(-1.0, 1.0))
+
+
+def cost_metadata(agent: SACLag, algo: str) -> dict[str, Any]:
+    cfg = agent.config
+    return {
+        "output": "cost_q",
+        "meaning": "discounted safety cost to come of the policy's action, Q_c(obs, policy(obs))",
+        "cost_limit": cfg.cost_limit,
+        "value_limit": agent.value_limit,
+        "gamma": cfg.gamma,
+        "limit_horizon": cfg.limit_horizon,
+        "estimate": "upper quantile tail, ensemble mean" if algo == "coxq" else "ensemble mean",
+    }
 
 
 def bundle_metadata(
@@ -107,7 +138,11 @@ def bundle_metadata(
 def agent_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int) -> dict[str, Any]:
     normalization = {"baked_in": agent.obs_norm.enabled, "clip": agent.obs_norm.clip}
     training = {"algo": config.algo, "env_steps": step, "config": to_dict(config)}
-    return bundle_metadata(env, config.env.task, normalization, agent.config.chunk.spec(), training)
+    meta = bundle_metadata(env, config.env.task, normalization, agent.config.chunk.spec(), training)
+    if isinstance(agent, SACLag):
+        meta["cost_critic"] = cost_metadata(agent, config.algo)
+        meta["io"]["cost_output"] = {"name": "cost_q", "shape": ["batch"]}
+    return meta
 
 
 def load_run_policy(run_dir: Path) -> tuple[TrainConfig, VecEnv, ActorCritic, int]:
@@ -133,8 +168,12 @@ def export_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
 
 
 def write_bundle(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int, output: Path) -> Path:
-    """Export `agent`'s deterministic policy for `env` to `output` (atomically) plus the JSON sidecar."""
-    policy = DeployPolicy(agent, env.action_scale, env.action_offset)
+    """Export `agent`'s deterministic policy for `env` to `output` (atomically) plus the JSON sidecar; a
+    constrained learner's cost critic goes along as the graph's second output."""
+    if isinstance(agent, SACLag):
+        policy: nn.Module = CostGraph(agent, env.action_scale, env.action_offset)
+    else:
+        policy = DeployPolicy(agent, env.action_scale, env.action_offset)
     return write_graph(policy, agent_metadata(config, env, agent, step), output)
 
 
@@ -142,13 +181,14 @@ def write_graph(policy: nn.Module, meta: dict[str, Any], output: Path) -> Path:
     """Trace `policy` (raw obs -> joint commands) to ONNX at `output` with `meta` embedded, atomically,
     and write the JSON sidecar; our own loader must accept the result."""
     tmp = output.with_name(f".{output.name}.tmp")
+    outputs = ["actions", *(["cost_q"] if "cost_critic" in meta else [])]
     torch.onnx.export(
         policy,
         (torch.zeros(1, meta["observation"]["dim"]),),
         str(tmp),
         input_names=["obs"],
-        output_names=["actions"],
-        dynamic_axes={"obs": {0: "batch"}, "actions": {0: "batch"}},
+        output_names=outputs,
+        dynamic_axes={"obs": {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
         opset_version=OPSET,
         dynamo=False,
     )

@@ -25,7 +25,7 @@ class FlashSACConfig(SACConfig):
     network: Trunk = "flash"
     actor_hidden: tuple[int, ...] = (128, 128)
     critic_hidden: tuple[int, ...] = (256, 256)
-    critic_head: Literal["scalar", "categorical"] = "categorical"
+    critic_head: Literal["scalar", "categorical", "quantile"] = "categorical"
     num_atoms: int = 101
     v_min: float = -5.0
     v_max: float = 5.0

@@ -9,12 +9,21 @@ from pathlib import Path
 from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT, check_config, check_shapes, load_checkpoint
 from q2real.agents.config import TrainConfig
+from q2real.agents.coxq import COXQ
 from q2real.agents.sac import SAC
+from q2real.agents.sac_lag import SACLag
 from q2real.agents.td3 import TD3
 from q2real.configs.loader import to_dict
 from q2real.sim import VecEnv
 
-ALGORITHMS: dict[str, type[ActorCritic]] = {"sac": SAC, "td3": TD3, "ddpg": TD3, "flashsac": SAC}
+ALGORITHMS: dict[str, type[ActorCritic]] = {
+    "sac": SAC,
+    "td3": TD3,
+    "ddpg": TD3,
+    "flashsac": SAC,
+    "sac_lag": SACLag,
+    "coxq": COXQ,
+}
 # Agent settings that decide which tensors a learner holds and their shapes; a checkpoint only fits a
 # run that agrees on them (keys a section lacks, such as SAC's target_actor, are skipped).
 AGENT_SHAPE_KEYS = (
@@ -24,6 +33,8 @@ AGENT_SHAPE_KEYS = (
     "num_critics",
     "critic_head",
     "num_atoms",
+    "num_quantiles",
+    "num_cost_critics",
     "noise_repeat",
     "target_actor",
     "chunk",

@@ -94,11 +94,16 @@ class SAC(ActorCritic):
     def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """J_pi = E[alpha log pi(a|s) - Q(s, a)] (eq. 7), a reparameterised; then J_alpha (eq. 18)."""
         action, log_prob = self.actor.sample(obs)
-        q = self.q_values(obs, action)
-        q = q.mean(0) if self.config.actor_uses_mean_q else q.min(0).values
-        loss = (self.alpha * log_prob - q).mean()
+        loss = self.actor_objective(obs, action, log_prob).mean()
         self._alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
         return loss, {"alpha": self.alpha, "entropy": -log_prob.detach().mean()}
+
+    def actor_objective(self, obs: torch.Tensor, action: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
+        """Per sample, alpha log pi(a|s) - Q(s, a) for the reparameterised `action`; constrained learners
+        add their cost term."""
+        q = self.q_values(obs, action)
+        q = q.mean(0) if self.config.actor_uses_mean_q else q.min(0).values
+        return self.alpha * log_prob - q
 
     def after_actor_step(self) -> None:
         self.alpha_optim.zero_grad(set_to_none=True)

@@ -75,6 +75,8 @@ class Trainer:
         self.last_eval: float | None = None
         self.last_eval_success: float | None = None
         """Share of the last evaluation's episodes that passed the task's success test (None: no test)."""
+        self.last_eval_cost: float | None = None
+        """Mean summed safety cost of the last evaluation's episodes."""
         self.parallel: ParallelLearners | None = None
         self.obs = self.env.reset(seed=config.env.seed)
         elapsed = 0.0
@@ -166,6 +168,7 @@ class Trainer:
         if self.parallel is not None:
             return self.parallel.pop_metrics()
         values = {k: v / self._metric_count for k, v in self._metric_sums.items()} | self.sampler.metrics()
+        values |= self.agent.metrics()
         self._metric_sums, self._metric_count = {}, 0
         if not values:
             return {}
@@ -241,8 +244,9 @@ class Trainer:
     # --- evaluation and checkpoints --------------------------------------------------------------------
     def evaluate(self) -> float:
         policy = deterministic_policy(self.agent, self.eval_env)
-        returns, success = evaluate_episodes(policy, self.eval_env, self.config.env.seed + 10_000)
+        returns, success, cost = evaluate_episodes(policy, self.eval_env, self.config.env.seed + 10_000)
         self.last_eval = float(returns.mean())
+        self.last_eval_cost = float(cost.mean())
         self.last_eval_success = float(success.float().mean()) if success is not None else None
         return self.last_eval
 

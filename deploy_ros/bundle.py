@@ -16,7 +16,14 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from q2real.deploy_ros.schema import METADATA_KEY, BundleError, BundleInfo, chunk_from_metadata, parse_metadata
+from q2real.deploy_ros.schema import (
+    METADATA_KEY,
+    BundleError,
+    BundleInfo,
+    chunk_from_metadata,
+    cost_from_metadata,
+    parse_metadata,
+)
 from q2real.hardware.action import action_from_command
 
 FLOAT_TENSORS = ("tensor(float)", "tensor(double)")
@@ -54,9 +61,12 @@ class PolicyBundle:
 
     def _check_io(self, meta: dict, source: str) -> None:
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        if [i.name for i in inputs] != ["obs"] or [o.name for o in outputs] != ["actions"]:
+        has_cost = cost_from_metadata(meta, source) is not None
+        expected = ["actions", "cost_q"] if has_cost else ["actions"]
+        if [i.name for i in inputs] != ["obs"] or [o.name for o in outputs] != expected:
             raise BundleError(
-                f"{source}: graph I/O: expected input 'obs' and output 'actions', "
+                f"{source}: graph I/O: expected input 'obs' and outputs {expected} "
+                f"(metadata.cost_critic {'present' if has_cost else 'absent'}), "
                 f"got {[i.name for i in inputs]} -> {[o.name for o in outputs]}"
             )
         obs_dim, act_dim = meta["observation"]["dim"], meta["action"]["dim"]
@@ -75,9 +85,12 @@ class PolicyBundle:
         # Exporters may leave the output width symbolic; probe runs settle it.
         for batch in (1, 2):
             try:
-                probe = self.session.run(None, {"obs": np.zeros((batch, obs_dim), dtype=np.float32)})[0]
+                probe, *cost = self.session.run(None, {"obs": np.zeros((batch, obs_dim), dtype=np.float32)})
             except Exception as err:
                 raise BundleError(f"{source}: graph fails on a batch of {batch} zero observations: {err}") from err
+            if cost and (not isinstance(cost[0], np.ndarray) or cost[0].shape != (batch,)):
+                shape = list(cost[0].shape) if isinstance(cost[0], np.ndarray) else type(cost[0]).__name__
+                raise BundleError(f"{source}: graph cost_q shape {shape} for a batch of {batch}, expected [{batch}]")
             if not isinstance(probe, np.ndarray) or probe.shape != (batch, *rows, act_dim):
                 shape = list(probe.shape) if isinstance(probe, np.ndarray) else type(probe).__name__
                 raise BundleError(
@@ -91,7 +104,17 @@ class PolicyBundle:
         obs = np.asarray(obs, dtype=np.float32)
         if obs.ndim != 2 or obs.shape[1] != self.info.obs_dim:
             raise ValueError(f"obs: expected shape (batch, {self.info.obs_dim}), got {obs.shape}")
-        return np.asarray(self.session.run(None, {"obs": obs})[0])
+        return np.asarray(self.session.run(["actions"], {"obs": obs})[0])
+
+    def with_cost(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Joint commands and the cost critic's Q_c of the policy's action, (batch,), from one run."""
+        obs = np.asarray(obs, dtype=np.float32)
+        if obs.ndim != 2 or obs.shape[1] != self.info.obs_dim:
+            raise ValueError(f"obs: expected shape (batch, {self.info.obs_dim}), got {obs.shape}")
+        if self.info.cost_critic is None:
+            raise BundleError(f"{self.path}: the bundle has no cost critic (metadata.cost_critic)")
+        actions, cost = self.session.run(None, {"obs": obs})
+        return np.asarray(actions), np.asarray(cost)
 
     def normalized(self, commands: np.ndarray) -> np.ndarray:
         """Back from joint commands to the policy's [-1, 1] action space (for evaluating in sim)."""

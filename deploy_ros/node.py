@@ -116,7 +116,12 @@ class PolicyNode:
         )
         if shield_config.workspace_points:
             raise BundleError(f"{source}: shield.workspace_points: the bundle carries no MJCF for forward kinematics")
-        self.shield = Shield(self.spec, shield_config)
+        if config.cost_veto is not None and self.bundle.info.cost_critic is None:
+            raise BundleError(f"{source}: cost_veto: the bundle has no cost critic (metadata.cost_critic) to veto with")
+        self._cost_q = math.nan
+        """The cost critic's value of this tick's policy action (NaN until the policy ran)."""
+        veto = self._cost_veto if config.cost_veto is not None else None
+        self.shield = Shield(self.spec, shield_config, veto=veto)
         self.torque = self.spec.control_mode == "torque"
         self.interface = "effort" if self.torque else "position"
         """The joints' command interface: an effort controller for torque robots, position otherwise."""
@@ -421,8 +426,13 @@ class PolicyNode:
         else:
             began = time.perf_counter()
             self.policy_queries += 1
+            self._cost_q = math.nan  # a failed run leaves no value behind for the veto to trust
             try:
-                commands = self.bundle(obs)
+                if self.config.cost_veto is None:
+                    commands = self.bundle(obs)
+                else:
+                    commands, cost = self.bundle.with_cost(obs)
+                    self._cost_q = float(cost[0])
             except Exception as err:  # onnxruntime raises its own types; the shield counts the failure
                 return self._unusable(f"policy: the bundle failed on this observation: {err}", None)
             policy_time = time.perf_counter() - began
@@ -441,6 +451,13 @@ class PolicyNode:
         if np.isfinite(raw).all():
             self._last_action[:] = clip(raw, -1.0, 1.0)
         return raw, policy_time
+
+    def _cost_veto(self, q: np.ndarray, qd: np.ndarray, action: np.ndarray) -> bool:
+        """The shield's veto: this tick's action is unsafe when its Q_c is over `cost_veto` (or not a
+        number). The shield then holds; its clamps still run on whatever it sends."""
+        del q, qd, action  # Q_c was computed with the action, on the full observation
+        assert self.config.cost_veto is not None
+        return not self._cost_q <= self.config.cost_veto
 
     def _unusable(self, reason: str, policy_time: float | None) -> tuple[np.ndarray, float | None]:
         self._refuse(reason)
@@ -603,6 +620,11 @@ class PolicyNode:
             "ticks": self.ticks,
             "loop_deadline_misses": self.loop_misses,
             "policy_deadline_misses": shield.counters.rules["DEADLINE_MISS"],
+            **(
+                {"cost_vetoes": shield.counters.rules["VETO"], "cost_q": f"{self._cost_q:.4g}"}
+                if self.shield.veto
+                else {}
+            ),
             "policy_queries": self.policy_queries,
             "latency_p50_ms": f"{stages['total']['p50_ms']:.3f}",
             "latency_p99_ms": f"{stages['total']['p99_ms']:.3f}",

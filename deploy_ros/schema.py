@@ -109,7 +109,29 @@ def validate_metadata(meta: Any, source: str) -> None:
     if meta.get("robot") is not None:
         robot = robot_from_metadata(meta, source)
         _check_action_range(robot, scale, offset, source)
-    chunk_from_metadata(meta, source)
+    chunk = chunk_from_metadata(meta, source)
+    if cost_from_metadata(meta, source) is not None and chunk.size > 1:
+        raise BundleError(f"{source}: metadata.cost_critic: a cost critic prices single actions, not chunks")
+
+
+def cost_from_metadata(meta: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """The bundle's cost critic section (absent: no `cost_q` output), refused with the field named: its
+    numbers decide which commands the node's veto lets through."""
+    section = meta.get("cost_critic")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise BundleError(f"{source}: metadata.cost_critic: expected an object, got {brief(section)}")
+    if section.get("output") != "cost_q":
+        raise BundleError(
+            f"{source}: metadata.cost_critic.output: expected 'cost_q', got {brief(section.get('output'))}"
+        )
+    for key in ("cost_limit", "value_limit"):
+        if _get(meta, f"cost_critic.{key}", float, source) < 0:
+            raise BundleError(f"{source}: metadata.cost_critic.{key}: expected >= 0, got {brief(section[key])}")
+    if not 0 < _get(meta, "cost_critic.gamma", float, source) <= 1:
+        raise BundleError(f"{source}: metadata.cost_critic.gamma: expected in (0, 1], got {brief(section['gamma'])}")
+    return section
 
 
 def chunk_from_metadata(meta: dict[str, Any], source: str) -> ChunkSpec:
@@ -222,6 +244,8 @@ class BundleInfo:
     metadata: dict[str, Any]
     chunk: ChunkSpec
     """How the policy's actions are executed (size 1: one per query, the graph outputs (batch, action_dim))."""
+    cost_critic: dict[str, Any] | None
+    """The cost critic behind the graph's `cost_q` output (None: the graph has none)."""
 
     @classmethod
     def of(cls, meta: dict[str, Any]) -> BundleInfo:
@@ -234,6 +258,7 @@ class BundleInfo:
             joint_names=tuple(robot["joint_names"]) if robot else None,
             metadata=meta,
             chunk=chunk_from_metadata(meta, "metadata"),
+            cost_critic=cost_from_metadata(meta, "metadata"),
         )
 
 

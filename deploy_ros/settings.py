@@ -156,8 +156,14 @@ class NodeConfig:
     """Run although the bundle's robot differs from this machine's spec; every difference is logged."""
     inputs: InputsConfig = field(default_factory=InputsConfig)
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
+    cost_veto: float | None = None
+    """Hold instead of any action whose cost critic value Q_c(obs, action) exceeds this (the bundle's
+    `cost_critic.value_limit` is the per-state level matching the limit it was trained for); needs a
+    bundle with a cost critic. A non-finite Q_c is vetoed too. None: no veto."""
 
     def validate(self) -> None:
+        if self.cost_veto is not None:
+            checks.number("cost_veto", self.cost_veto, at_least=0.0)
         if self.control_period is not None:
             checks.number("control_period", self.control_period, above=0.0, at_most=1.0)
         if self.startup_timeout is not None:

@@ -244,7 +244,7 @@ def evaluate_policy(policy: nn.Module, config: BCConfig, env: VecEnv, seed: int)
     """Returns of one episode per env, and the share of them that ever passed the task's success test."""
     spec = config.spec()
     act = ChunkExecutor(policy, spec, env) if spec.size > 1 else policy
-    returns, success = evaluate_episodes(act, env, seed)
+    returns, success, _ = evaluate_episodes(act, env, seed)
     return returns, float(success.float().mean()) if success is not None else math.nan
 
 

@@ -88,5 +88,6 @@ def cat_batches(a: Batch, b: Batch) -> Batch:
         discount=torch.cat([a.discount, b.discount]),
         row=torch.cat([a.row, b.row]),
         env=torch.cat([a.env, b.env]),
+        cost=torch.cat([a.cost, b.cost]),
         prefixes=prefixes,
     )

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from q2real.agents.common.chunk_critics import CausalChunkCritic, ChunkConfig, decoupled_loss, multi_horizon_loss
-from q2real.agents.common.heads import CategoricalHead, ScalarHead
+from q2real.agents.common.heads import CategoricalHead, QuantileHead, ScalarHead
 from q2real.agents.common.networks import Critic, Trunk, polyak, project_weights
 from q2real.agents.common.normalizer import ObsNormalizer, ReturnScaler
 from q2real.agents.common.replay import Batch
@@ -50,10 +50,14 @@ class ActorCriticConfig:
     (REDQ/RLPD: 10 critics, subsets of 2); 0 = the minimum over all of them."""
     policy_delay: int = 1
     """Critic updates per actor update."""
-    critic_head: Literal["scalar", "categorical"] = "scalar"
+    critic_head: Literal["scalar", "categorical", "quantile"] = "scalar"
     huber: bool = False
     """Huber instead of squared TD error (scalar head)."""
     num_atoms: int = 101
+    num_quantiles: int = 32
+    """Quantiles per critic member (quantile head)."""
+    drop_top: int = 0
+    """Quantile head: target atoms dropped per member from the top of the pooled target (TQC)."""
     v_min: float = -250.0
     v_max: float = 250.0
     normalize_obs: bool = True
@@ -89,6 +93,8 @@ class ActorCriticConfig:
             (self.target_subset == 0 or self.chunk.critic == "qc", "target_subset", "0 for chunk.critic dqc/multi"),
             (self.policy_delay >= 1, "policy_delay", ">= 1"),
             (self.critic_head != "categorical" or self.num_atoms >= 2, "num_atoms", ">= 2 (categorical head)"),
+            (self.num_quantiles >= 1, "num_quantiles", ">= 1"),
+            (0 <= self.drop_top < self.num_quantiles, "drop_top", f"in [0, num_quantiles={self.num_quantiles})"),
             (-math.inf < self.v_min < self.v_max < math.inf, "v_min", "finite and < v_max"),
             (0 <= self.max_grad_norm < math.inf, "max_grad_norm", ">= 0 and finite"),
             (not self.project_weights or self.network == "flash", "project_weights", "used with network=flash"),
@@ -139,7 +145,11 @@ class ActorCritic(nn.Module):
         self.obs_norm = ObsNormalizer(obs_dim, enabled=config.normalize_obs)
         self.return_scale = ReturnScaler(num_envs, config.gamma, config.v_max, enabled=config.scale_rewards)
         if config.critic_head == "categorical":
-            self.head: ScalarHead | CategoricalHead = CategoricalHead(config.num_atoms, config.v_min, config.v_max)
+            self.head: ScalarHead | CategoricalHead | QuantileHead = CategoricalHead(
+                config.num_atoms, config.v_min, config.v_max
+            )
+        elif config.critic_head == "quantile":
+            self.head = QuantileHead(config.num_quantiles, config.drop_top)
         else:
             self.head = ScalarHead(config.huber)
         out = self.head.out_features
@@ -187,6 +197,11 @@ class ActorCritic(nn.Module):
 
     def on_step(self, result: StepResult) -> None:
         """Called once per env step with its result (episode-based exploration state)."""
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """Learner statistics for the log that are not per-update losses (a multiplier, exploration
+        counts), read out with the update metrics once per logging window."""
+        return {}
 
     def extra_state(self) -> dict:
         return {}

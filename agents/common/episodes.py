@@ -16,6 +16,8 @@ class EpisodeTracker:
         self._running = torch.zeros(3, num_envs, device=device)  # return, cost, length
         self._finished = torch.zeros(3, device=device)
         self._count = torch.zeros((), device=device)
+        self._training_cost = torch.zeros((), device=device)
+        """Every step's cost summed over all envs since the run began: what learning has cost."""
         # Tasks that report `info["success"]`: an episode succeeded if the flag was ever set in it.
         self._success_running = torch.zeros(num_envs, device=device)
         self._success_finished = torch.zeros((), device=device)
@@ -28,6 +30,7 @@ class EpisodeTracker:
 
     def update(self, result: StepResult) -> None:
         self._running += torch.stack([result.reward, result.cost, torch.ones_like(result.reward)])
+        self._training_cost += result.cost.sum()
         done = result.done.float()
         self._finished += (self._running * done).sum(dim=1)
         self._count += done.sum()
@@ -50,6 +53,7 @@ class EpisodeTracker:
             return {}
         ret, cost, length = (self._finished / count).tolist()
         means = {"episode_return": ret, "episode_cost": cost, "episode_length": length, "episodes": count}
+        means["training_cost"] = float(self._training_cost)
         if self._reports_success:
             means["episode_success"] = float(self._success_finished) / count
         if self._reports_rules:
@@ -66,6 +70,7 @@ class EpisodeTracker:
             "running": self._running,
             "finished": self._finished,
             "count": self._count,
+            "training_cost": self._training_cost,
             "success_running": self._success_running,
             "success_finished": self._success_finished,
             "reports_success": torch.tensor(self._reports_success),
@@ -78,6 +83,8 @@ class EpisodeTracker:
         self._running.copy_(state["running"])
         self._finished.copy_(state["finished"])
         self._count.copy_(state["count"])
+        if "training_cost" in state:  # checkpoints from before the training cost was kept lack it
+            self._training_cost.copy_(state["training_cost"])
         self._success_running.copy_(state["success_running"])
         self._success_finished.copy_(state["success_finished"])
         self._reports_success = bool(state["reports_success"])

@@ -1,8 +1,9 @@
 """Critic value heads: how critic outputs become Q-values and how TD targets become a loss.
 
 `ScalarHead` is the usual regression critic; `CategoricalHead` is the C51 distributional critic
-(Bellemare et al. 2017) used by FastTD3 and FlashSAC. Both take the same inputs, so SAC and TD3 pick
-either by config without knowing which.
+(Bellemare et al. 2017) used by FastTD3 and FlashSAC; `QuantileHead` is the quantile-regression critic
+(QR-DQN, Dabney et al. 2018) with the ensemble's targets pooled (TQC, Kuznetsov et al. 2020) that COX-Q
+uses. All take the same inputs, so a learner picks one by config without knowing which.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from torch import nn
 class ScalarHead(nn.Module):
     out_features = 1
 
-    def __init__(self, huber: bool = False):
+    def __init__(self, huber: bool = False, upper: bool = False):
+        """`upper`: bootstrap from the largest target member, the conservative side of a cost critic."""
         super().__init__()
-        self.huber = huber
+        self.huber, self.upper = huber, upper
 
     def q(self, out: torch.Tensor) -> torch.Tensor:
         """(E, B, 1) -> (E, B)."""
@@ -36,7 +38,8 @@ class ScalarHead(nn.Module):
         `discount` is gamma^n, or 0 after a terminal state. Samples are weighted by `weight` (importance
         weights of prioritized replay). Returns the loss and each sample's largest |TD error| over members."""
         with torch.no_grad():
-            y = reward + discount * (self.q(target_out).min(dim=0).values + bonus)
+            members = self.q(target_out)
+            y = reward + discount * ((members.amax(dim=0) if self.upper else members.amin(dim=0)) + bonus)
         error = self.q(out) - y
         per_member = (
             nn.functional.huber_loss(error, torch.zeros_like(error), reduction="none") if self.huber else error.pow(2)
@@ -91,6 +94,53 @@ class CategoricalHead(nn.Module):
             target = self.project(logits.softmax(-1), shifted)
             td = (self.q(out) - (target * self.atoms).sum(-1)).abs().amax(dim=0)
         return _weighted(-(target * out.log_softmax(-1)).sum(-1), weight), td
+
+
+class QuantileHead(nn.Module):
+    """`num_quantiles` outputs per member estimate the return's quantiles at the midpoints
+    tau_j = (j + 1/2) / N; Q is their mean."""
+
+    taus: torch.Tensor
+
+    def __init__(self, num_quantiles: int, drop_top: int = 0, kappa: float = 1.0):
+        """`drop_top`: target atoms removed from the top of the pooled target per member (TQC's
+        truncation of the overestimated right tail; COX-Q's code keeps all, 0)."""
+        super().__init__()
+        self.out_features, self.drop_top, self.kappa = num_quantiles, drop_top, kappa
+        self.register_buffer("taus", (torch.arange(num_quantiles) + 0.5) / num_quantiles)
+
+    def q(self, out: torch.Tensor) -> torch.Tensor:
+        return out.mean(-1)
+
+    def upper_tail(self, out: torch.Tensor, start: int) -> torch.Tensor:
+        """The mean of each member's quantiles from index `start` up, (E, B): a cost critic's estimate
+        with its optimistic (low-cost) quantiles left out."""
+        return out[..., start:].mean(-1)
+
+    def target_atoms(self, target_out: torch.Tensor) -> torch.Tensor:
+        """Every target member's quantiles pooled and sorted, (B, E N - E drop_top), the top removed."""
+        pooled = target_out.permute(1, 0, 2).flatten(1).sort(dim=-1).values
+        return pooled[:, : pooled.shape[-1] - self.drop_top * target_out.shape[0]]
+
+    def loss(
+        self,
+        out: torch.Tensor,
+        target_out: torch.Tensor,
+        reward: torch.Tensor,
+        discount: torch.Tensor,
+        bonus: torch.Tensor,
+        weight: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantile-Huber loss of every member against the shared pooled target z' = r + discount (z + bonus):
+        rho(u) = |tau - 1[u < 0]| H_kappa(u) / kappa with u = z' - theta, averaged over the target atoms and
+        summed over the member's quantiles (QR-DQN eq. 10). Weighted like `ScalarHead.loss`."""
+        with torch.no_grad():
+            target = reward[:, None] + discount[:, None] * (self.target_atoms(target_out) + bonus[:, None])
+        u = target[None, :, None, :] - out[..., None]  # (E, B, N, M)
+        huber = nn.functional.huber_loss(u, torch.zeros_like(u), reduction="none", delta=self.kappa) / self.kappa
+        rho = (self.taus[:, None] - (u.detach() < 0).float()).abs() * huber
+        td = (self.q(out).detach() - target.mean(-1)).abs().amax(dim=0)
+        return _weighted(rho.mean(-1).sum(-1), weight), td
 
 
 def _weighted(per_member: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:

@@ -27,6 +27,8 @@ class Batch:
     discount: torch.Tensor
     row: torch.Tensor
     env: torch.Tensor
+    cost: torch.Tensor
+    """The safety cost summed over the same window as `reward`, discounted alike."""
     weight: torch.Tensor | None = None
     """Importance weights from a prioritized sampler; None for uniform sampling."""
     prefixes: Prefixes | None = None
@@ -57,6 +59,7 @@ class ReplayStorage:
             "obs": torch.zeros(*shape, obs_dim, device=device),
             "action": torch.zeros(*shape, action_dim, device=device),
             "reward": torch.zeros(shape, device=device),
+            "cost": torch.zeros(shape, device=device),
             "next_obs": torch.zeros(*shape, obs_dim, device=device),
             "terminated": torch.zeros(shape, dtype=torch.bool, device=device),
             "truncated": torch.zeros(shape, dtype=torch.bool, device=device),
@@ -87,6 +90,7 @@ class ReplayStorage:
         self.data["obs"][row] = obs
         self.data["action"][row] = action
         self.data["reward"][row] = result.reward
+        self.data["cost"][row] = result.cost
         self.data["next_obs"][row] = result.next_obs
         self.data["terminated"][row] = result.terminated
         self.data["truncated"][row] = result.truncated
@@ -100,11 +104,8 @@ class ReplayStorage:
         rows = (self.pos + torch.arange(len(obs))) % self.rows
         d = self.data
         d["obs"][rows], d["action"][rows], d["next_obs"][rows] = obs, action, result.next_obs
-        d["reward"][rows], d["terminated"][rows], d["truncated"][rows] = (
-            result.reward,
-            result.terminated,
-            result.truncated,
-        )
+        d["reward"][rows], d["cost"][rows] = result.reward, result.cost
+        d["terminated"][rows], d["truncated"][rows] = result.terminated, result.truncated
         self.cursor[1] = min(self.size + len(obs), self.rows)
         self.cursor[0] = (self.pos + len(obs)) % self.rows
 
@@ -125,10 +126,12 @@ class ReplayStorage:
                 discount=gamma * (~d["terminated"][row, env]).float(),
                 row=row,
                 env=env,
+                cost=d["cost"][row, env],
             )
         pos, rows = self.pos, self.rows
         available = (pos - 1 - row) % rows + 1  # rows from `row` up to the newest, inclusive
         reward = torch.zeros(row.shape, device=self.device)
+        cost = torch.zeros(row.shape, device=self.device)
         scale = torch.ones(row.shape, device=self.device)
         alive = torch.ones(row.shape, dtype=torch.bool, device=self.device)
         last, terminal = row.clone(), torch.zeros(row.shape, dtype=torch.bool, device=self.device)
@@ -137,6 +140,7 @@ class ReplayStorage:
             index = (row + j) % self.rows
             use = alive & (j < available)
             reward = reward + torch.where(use, scale * d["reward"][index, env], 0.0)
+            cost = cost + torch.where(use, scale * d["cost"][index, env], 0.0)
             scale = torch.where(use, scale * gamma, scale)
             last = torch.where(use, index, last)
             ended = d["terminated"][index, env]
@@ -163,6 +167,7 @@ class ReplayStorage:
             discount=scale * (~terminal),
             row=row,
             env=env,
+            cost=cost,
             prefixes=prefixes,
         )
 
@@ -170,6 +175,7 @@ class ReplayStorage:
         return {"data": dict(self.data), "pos": self.pos, "size": self.size}
 
     def load_state_dict(self, state: dict) -> None:
+        # Replay written before it kept costs came from learners that never read them: those stay zero.
         for key, value in state["data"].items():
             if value.shape != self.data[key].shape:
                 raise ValueError(

@@ -12,7 +12,7 @@ GAMMA = 0.5
 
 
 def _fill(storage: ReplayStorage, rewards, terminated=(), truncated=()) -> None:
-    """One env; row t has obs t, next_obs t + 100, reward rewards[t]."""
+    """One env; row t has obs t, next_obs t + 100, reward rewards[t] and cost rewards[t] / 4."""
     for t, r in enumerate(rewards):
         result = StepResult(
             obs=torch.tensor([[t + 1.0]]),
@@ -20,7 +20,7 @@ def _fill(storage: ReplayStorage, rewards, terminated=(), truncated=()) -> None:
             reward=torch.tensor([float(r)]),
             terminated=torch.tensor([t in terminated]),
             truncated=torch.tensor([t in truncated]),
-            cost=torch.zeros(1),
+            cost=torch.tensor([r / 4]),
         )
         storage.add(torch.tensor([[float(t)]]), torch.zeros(1, 1), result)
 
@@ -34,6 +34,7 @@ def test_n_step_sums_discounted_rewards_and_bootstraps_from_the_last_next_obs() 
     _fill(storage, [1, 2, 4, 8, 16])
     batch = _at(storage, 0, 3)
     assert batch.reward.item() == 1 + 0.5 * 2 + 0.25 * 4
+    assert batch.cost.item() == batch.reward.item() / 4  # the cost is summed over the same window
     assert batch.discount.item() == GAMMA**3
     assert batch.next_obs.item() == 102.0 and batch.obs.item() == 0.0
 
@@ -43,6 +44,7 @@ def test_termination_stops_the_sum_and_does_not_bootstrap() -> None:
     _fill(storage, [1, 2, 4, 8], terminated={1})
     batch = _at(storage, 0, 3)
     assert batch.reward.item() == 1 + 0.5 * 2
+    assert batch.cost.item() == (1 + 0.5 * 2) / 4
     assert batch.discount.item() == 0.0
     assert batch.next_obs.item() == 101.0
 

@@ -22,10 +22,19 @@ def test_episode_tracker_reports_means_of_finished_episodes() -> None:
     tracker.update(_result([1.0, 2.0], [False, True]))
     tracker.update(_result([3.0, 5.0], [True, False]))
     stats = tracker.pop()
-    assert stats == {"episode_return": 3.0, "episode_cost": 1.5, "episode_length": 1.5, "episodes": 2}
+    # training_cost: every step's cost (half the reward here), finished episodes or not.
+    assert stats == {
+        "episode_return": 3.0,
+        "episode_cost": 1.5,
+        "episode_length": 1.5,
+        "episodes": 2,
+        "training_cost": 5.5,
+    }
     assert tracker.pop() == {}
     tracker.update(_result([1.0, 1.0], [False, True]))
-    assert tracker.pop()["episode_return"] == 6.0  # env 1: 5 + 1 over its second episode
+    stats = tracker.pop()
+    assert stats["episode_return"] == 6.0  # env 1: 5 + 1 over its second episode
+    assert stats["training_cost"] == 6.5  # cumulative over the run
 
 
 def test_metrics_survive_a_torn_last_line_and_plot(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def test_new_rows_get_max_priority_and_overwrite_their_slots_after_wrap_around()
         _add(storage, sampler, t)
     # Rows 0-3 filled. Make row 1 dominant, then wrap around onto row 0 and row 1.
     rows, envs = torch.tensor([1, 1, 1]), torch.tensor([0, 1, 2])
-    sampler.update(Batch(None, None, None, None, None, row=rows, env=envs), torch.full((3,), 50.0))
+    sampler.update(Batch(None, None, None, None, None, row=rows, env=envs, cost=None), torch.full((3,), 50.0))
     assert abs(sampler.max_priority - 50.0) < 1e-6
     _add(storage, sampler, 10.0)  # row 0 again
     _add(storage, sampler, 11.0)  # row 1 again: its slots must now hold the new transitions' priority
@@ -99,7 +99,7 @@ def _filled_sampler(config: SamplerConfig) -> tuple[ReplayStorage, PrioritizedSa
     # |delta| grows with the row: row r has TD error r + 1.
     rows = torch.arange(100).repeat_interleave(2)
     envs = torch.tensor([0, 1]).repeat(100)
-    sampler.update(Batch(None, None, None, None, None, row=rows, env=envs), (rows + 1).float())
+    sampler.update(Batch(None, None, None, None, None, row=rows, env=envs, cost=None), (rows + 1).float())
     return storage, sampler
 
 

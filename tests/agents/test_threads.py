@@ -71,7 +71,7 @@ def test_mlp_updates_are_bit_identical_on_one_and_two_threads() -> None:
             obs, next_obs = torch.randn(256, 3, generator=gen), torch.randn(256, 3, generator=gen)
             action, reward = torch.rand(256, 1, generator=gen) * 2 - 1, torch.randn(256, generator=gen)
             discount, index = torch.full((256,), 0.99), torch.arange(256)
-            agent.update(Batch(obs, action, reward, next_obs, discount, index, torch.zeros_like(index)))
+            agent.update(Batch(obs, action, reward, next_obs, discount, index, torch.zeros_like(index), reward * 0))
         return torch.cat([p.detach().flatten() for p in agent.parameters()])
 
     assert torch.equal(train(1), train(2))

@@ -40,6 +40,7 @@ def batch(seed: int = 0) -> Batch:
         discount=torch.full((BATCH,), 0.99),
         row=torch.arange(BATCH),
         env=torch.zeros(BATCH, dtype=torch.long),
+        cost=(torch.rand(BATCH, generator=gen) < 0.3).float(),
     )
 
 

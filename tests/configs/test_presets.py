@@ -45,6 +45,8 @@ def test_the_pendulum_preset_is_how_the_committed_run_was_trained() -> None:
         config["env"]["randomization"].pop("payload", None)
         config["sac"].pop("chunk", None)  # per-step learners before chunks existed: chunk.size 1
         config["sac"].pop("target_subset", None)  # before critic subsets: 0, the minimum over all critics
+        config["sac"].pop("num_quantiles", None)  # before quantile heads (unused by a scalar head)
+        config["sac"].pop("drop_top", None)
     assert preset == trained
 
 
@@ -57,5 +59,7 @@ def test_the_panda_reach_preset_is_how_the_committed_bench_run_was_trained() -> 
         config.pop("log")
         config["sac"].pop("chunk", None)  # trained before chunks existed, as a per-step learner (chunk.size 1)
         config["sac"].pop("target_subset", None)  # and before critic subsets (0: the minimum over all)
+        config["sac"].pop("num_quantiles", None)  # and before quantile heads (unused by a scalar head)
+        config["sac"].pop("drop_top", None)
     assert preset == trained
     assert to_dict(load(TrainConfig, "sac_panda_reach"))["sac"]["chunk"]["size"] == 1

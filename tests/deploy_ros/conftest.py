@@ -20,15 +20,17 @@ os.environ.setdefault("FASTRTPS_DEFAULT_PROFILES_FILE", FAST_DDS_LOOPBACK)
 _domains = itertools.count(100 + os.getpid() % 50)
 
 
-def export_fresh_agent(task: str, output: Path, task_params: dict | None = None, chunk=None, edit_agent=None) -> Path:
+def export_fresh_agent(
+    task: str, output: Path, task_params: dict | None = None, chunk=None, edit_agent=None, algo: str = "sac"
+) -> Path:
     """A bundle of an untrained agent: real graph and metadata, arbitrary actions (a chunk policy's with
     `chunk`, a `ChunkConfig`; `edit_agent(agent)` may set its weights first)."""
-    from q2real.agents.config import TrainConfig
+    from q2real.agents.config import LEARNER_CONFIGS, TrainConfig
     from q2real.agents.export import write_bundle
     from q2real.agents.learners import build_agent
     from q2real.sim import make
 
-    config = TrainConfig()
+    config = TrainConfig(algo=algo, agent=LEARNER_CONFIGS[algo]())  # pyright: ignore[reportArgumentType]
     env_config = dataclasses.replace(config.env, task=task, num_envs=1, device="cpu", task_params=task_params or {})
     config = dataclasses.replace(config, env=env_config)
     if chunk is not None:

@@ -54,6 +54,7 @@ def test_playground_dm_control_env_keeps_final_obs() -> None:
     _check_time_limit(_paired_rollout("playground:CartpoleSwingup", "episode_length", "auto"))
 
 
+@pytest.mark.slow  # the first Playground import brings JAX up: about 6 s on a loaded 2-core machine
 def test_playground_robot_env_without_menagerie_says_why() -> None:
     with pytest.raises(MissingDependency, match="needs MuJoCo Menagerie at .*DM Control suite envs need no download"):
         make(task="playground:Go1JoystickFlatTerrain", num_envs=2)
