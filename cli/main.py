@@ -137,7 +137,9 @@ def _train(args: argparse.Namespace) -> int:
     print(f"learning curve: {trainer.path / 'curves.png'}")
     print(f"checkpoint: {trainer.last_checkpoint}")
     success = f", success {trainer.last_eval_success:.2f}" if trainer.last_eval_success is not None else ""
-    print(f"final evaluation: mean return {trainer.last_eval:.1f} over {config.eval_envs} episodes{success}")
+    limit = getattr(config.agent, "cost_limit", None)  # a constrained learner: its cost is half the result
+    cost = f", episode cost {trainer.last_eval_cost:.1f} (limit {limit})" if limit is not None else ""
+    print(f"final evaluation: mean return {trainer.last_eval:.1f} over {config.eval_envs} episodes{success}{cost}")
     return 0
 
 

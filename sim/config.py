@@ -28,8 +28,9 @@ class EnvConfig:
     shield_in_loop: bool | None = None
     """Pass every action through the shield's deterministic clamps (`q2real.sim.shield_clamps`: clip,
     soft limits, the rate limit on the previous target, effort feasibility) at their defaults, so the
-    policy learns under the rules the robot's shield will apply. None: on for q2real tasks (each runs
-    on a robot spec and deploys behind the shield), off for adapters; true on an adapter is an error."""
+    policy learns under the rules the robot's shield will apply. None: on for q2real tasks that deploy
+    behind the shield, off for the benchmark tasks that cannot (the velocity-constrained runners) and for
+    adapters; true on an adapter is an error."""
     shield_penalty: float = 0.0
     """With the clamps in the loop, subtract this times how far they moved the action (mean over joints
     of |wanted - sent|, in action units) from every step's reward: the shield's intervention charged, so

@@ -44,7 +44,9 @@ class TaskEnv(VecEnv):
             raise ConfigError("env.shield_penalty: penalizes the clamps' changes, so it needs env.shield_in_loop")
         self.config = config
         self.device = resolve_device(config.device)
-        self.backend_name = resolve_backend(config.backend)
+        if task_cls.native_only and config.backend == "mjx":
+            raise ConfigError(f"env.backend: {task_cls.robot}'s model runs on MuJoCo's native backend only, not mjx")
+        self.backend_name = "mujoco" if task_cls.native_only else resolve_backend(config.backend)
         self.num_envs = n = config.num_envs
         spec = robot_spec(task_cls.robot)
         model = spec.load_model(task_cls.scene)
@@ -65,7 +67,10 @@ class TaskEnv(VecEnv):
         self.control_period = spec.control_period
         self._action_queue = torch.zeros(n, hi + 1, self.action_dim, device=self.device)
         self._clamps = None
-        if config.shield_in_loop is not False:
+        # Unset: on for a task that deploys behind the shield; a benchmark task without observation
+        # sources never meets one.
+        in_loop = config.shield_in_loop
+        if in_loop is True or (in_loop is None and self.task.observation_sources() is not None):
             scale, offset = self.action_scale, self.action_offset
             self._clamps = ShieldClamps(spec, ShieldConfig(), scale, offset, n, self.device)
         self._steps = torch.zeros(n, dtype=torch.long, device=self.device)

@@ -16,6 +16,7 @@ from q2real.sim.tasks.cartpole import CartpoleSwingup
 from q2real.sim.tasks.gr1_stand import GR1Stand
 from q2real.sim.tasks.pendulum import PendulumSwingup
 from q2real.sim.tasks.spot_joystick import SpotJoystick
+from q2real.sim.tasks.velocity import HalfCheetahVelocity, HopperVelocity, Walker2dVelocity
 from q2real.sim.vec_env import VecEnv
 
 if TYPE_CHECKING:
@@ -28,6 +29,9 @@ TASKS: dict[str, type[Task]] = {
     "panda_push": ArmPush,
     "spot_joystick": SpotJoystick,
     "gr1_stand": GR1Stand,
+    "hopper_velocity": HopperVelocity,
+    "walker2d_velocity": Walker2dVelocity,
+    "half_cheetah_velocity": HalfCheetahVelocity,
 }
 ADAPTERS = {
     "gymnasium": "any gymnasium env with Box spaces, e.g. gymnasium:HalfCheetah-v5 (pip install 'q2real[gym]')",

@@ -51,6 +51,8 @@ class Task(ABC):
     robot it arrives on the node's command input."""
     tracked_object: str | None = None
     """The body (with a free joint) whose pose a tracker reports on a robot (`object_pose`)."""
+    native_only: bool = False
+    """The robot's model needs MuJoCo features MJX lacks (e.g. the RK4 integrator): native backend only."""
 
     @classmethod
     def scene(cls, mjspec: mujoco.MjSpec) -> None:

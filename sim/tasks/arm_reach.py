@@ -6,6 +6,10 @@ robot, fixed for the episode; on a robot it arrives on the node's command input.
 with d the end-effector-to-target distance, so the last centimetres still pay; with `sparse`, 1 on the
 steps the end effector is within `success_radius` of the target, else 0. Success: it ever was. No
 terminal states.
+Cost: with a keep-out box (`keepout_low`/`keepout_high`, base frame), 1 on every step the end effector
+is inside it, else 0 (no box: always 0). Targets are not kept out of it: a policy may reach into it and
+pay. `panda_reach_keepout` presets put a 20 x 20 x 10 cm box above the home pose, across the straight
+path to the targets above it.
 Reset: home pose plus joint noise.
 """
 
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 import mujoco
 import torch
 
+from q2real.configs.loader import ConfigError
 from q2real.hardware import RobotSpec
 from q2real.sim.physics import PhysicsState
 from q2real.sim.task import Task, TaskConfig
@@ -56,6 +61,9 @@ class ArmReachConfig(TaskConfig):
     """Reward 1 only while the end effector is within `success_radius` of the target, else 0."""
     success_radius: float = 0.05
     """m, end effector to target."""
+    keepout_low: tuple[float, float, float] | None = None
+    """Lower corner (m, base frame) of the box the end effector should stay out of; None: no box."""
+    keepout_high: tuple[float, float, float] | None = None
 
 
 class ArmReach(Task):
@@ -67,6 +75,16 @@ class ArmReach(Task):
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmReachConfig, device: torch.device):
         super().__init__(spec, model, config, device)
         self._ee = sensor_slice(model, END_EFFECTOR)
+        low, high = config.keepout_low, config.keepout_high
+        if (low is None) != (high is None):
+            raise ConfigError("env.task_params.keepout_low/keepout_high: give both corners of the box, or neither")
+        self._keepout = None
+        if low is not None and high is not None:
+            if len(low) != 3 or len(high) != 3 or not all(lo < hi for lo, hi in zip(low, high, strict=True)):
+                raise ConfigError(
+                    f"env.task_params.keepout_low: expected 3 numbers each below keepout_high's, got {low} and {high}"
+                )
+            self._keepout = torch.tensor([low, high], dtype=torch.float32, device=device)
 
     @classmethod
     def scene(cls, mjspec: mujoco.MjSpec) -> None:
@@ -99,6 +117,12 @@ class ArmReach(Task):
 
     def success(self, physics: PhysicsState) -> torch.Tensor:
         return self.distance(physics) <= self.config.success_radius
+
+    def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+        if self._keepout is None:
+            return super().cost(physics, action)
+        ee = physics.sensordata[:, self._ee]
+        return ((ee > self._keepout[0]) & (ee < self._keepout[1])).all(-1).float()
 
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         if self.config.sparse:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from q2real.configs.loader import ConfigError
 from q2real.sim import make, task_names
+from q2real.sim.registry import TASKS
 
 BACKENDS = ["mujoco", pytest.param("mjx", marks=[pytest.mark.mjx, pytest.mark.timeout(300)])]
 N, HORIZON = 8, 20
@@ -24,6 +26,10 @@ def _roll(env, actions, seed):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("task", task_names())
 def test_task_on_backend(task: str, backend: str) -> None:
+    if backend == "mjx" and TASKS[task].native_only:
+        with pytest.raises(ConfigError, match="native backend only"):
+            make(task=task, num_envs=N, backend=backend, device="cpu")
+        return
     short = make(task=task, num_envs=N, backend=backend, device="cpu", task_params={"episode_length": HORIZON})
     long = make(task=task, num_envs=N, backend=backend, device="cpu", task_params={"episode_length": 1000})
     actions = _actions(short, HORIZON + 3)
