@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import nn
 
 from q2real.agents.common.heads import QuantileHead
 from q2real.agents.common.optimistic import CASES, FREE, project_to_cone, trust_region_step
@@ -75,6 +76,8 @@ class COXQConfig(SACLagConfig):
             (budget is None or 0 <= budget < math.inf, "training_cost_budget", ">= 0 and finite, or null"),
             (0 < self.training_cost_rate <= 1, "training_cost_rate", "in (0, 1]"),
             (not self.noise_repeat, "noise_repeat", "false: COX-Q chooses its own exploration"),
+            # Exploring runs the critics on rollout states: BatchNorm would learn their statistics.
+            (self.network != "flash", "network", "mlp or layernorm (the flash trunk's BatchNorm)"),
         ]
 
 
@@ -130,7 +133,8 @@ class COXQ(SACLag):
         v = torch.where(free[:, None], v, projected)
         case = torch.where(free, FREE, case)
         step, cut = trust_region_step(v, h, var, self.delta, slack)
-        self.case_counts += torch.cat([torch.bincount(case, minlength=len(CASES)), cut.sum()[None]])
+        counts = nn.functional.one_hot(case, len(CASES)).sum(0)  # bincount would sync a GPU for its size
+        self.case_counts += torch.cat([counts, cut.sum()[None]])
         self._explored = True
         return torch.tanh(mean + step + std * torch.randn_like(mean))
 

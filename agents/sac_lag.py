@@ -91,7 +91,7 @@ class SACLag(SAC):
         obs, next_obs = self.obs_norm(batch.obs), self.obs_norm(batch.next_obs)
         with torch.no_grad():
             next_action = self.cost_target_action(next_obs)
-        loss = self.cost_critic.loss(obs, batch.action, next_obs, next_action, batch.cost, batch.discount)
+        loss = self.cost_critic.loss(obs, batch.action, next_obs, next_action, batch.cost, batch.discount, batch.weight)
         self._step(self.cost_optim, loss, self.cost_critic.critic)
         self.cost_critic.soft_update(self.config.tau)
         return metrics | {"cost_critic_loss": loss.detach()}
@@ -101,9 +101,9 @@ class SACLag(SAC):
         return (super().actor_objective(obs, action, log_prob) + lam * self.cost_values(obs, action)) / (1 + lam)
 
     def actor_update(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        self.cost_critic.requires_grad_(False)
+        self.cost_critic.critic.requires_grad_(False)
         metrics = super().actor_update(raw_obs)
-        self.cost_critic.requires_grad_(True)
+        self.cost_critic.critic.requires_grad_(True)
         self.lagrange.update(self.episode_cost.average, self.episode_cost.seen)
         return metrics
 

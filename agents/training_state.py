@@ -48,7 +48,7 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
 
 def restore(trainer: Trainer, path: Path) -> float:
     """Load the checkpoint at `path` into `trainer` after checking it fits; returns the run's elapsed seconds."""
-    state = load_checkpoint(path, trainer.env.device)
+    state = upgrade(load_checkpoint(path, trainer.env.device))
     check_fits(trainer, path, state)
     agent = trainer.agent
     agent.load_state_dict(state["agent"])
@@ -70,6 +70,18 @@ def restore(trainer: Trainer, path: Path) -> float:
     if state["rng"]["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
     return float(state["elapsed"])
+
+
+def upgrade(state: dict[str, Any]) -> dict[str, Any]:
+    """Fill in what checkpoints written before a field existed lack, as it would have been: replay kept
+    no costs (the learners then never read them) and nobody summed the training cost."""
+    replay = state["replay"]["data"]
+    if "cost" not in replay:
+        replay["cost"] = torch.zeros_like(replay["reward"])
+    episodes = state["episodes"]
+    if "training_cost" not in episodes:
+        episodes["training_cost"] = torch.zeros_like(episodes["count"])
+    return state
 
 
 def check_fits(trainer: Trainer, path: Path, state: dict[str, Any]) -> None:

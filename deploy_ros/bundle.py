@@ -75,6 +75,10 @@ class PolicyBundle:
             raise BundleError(
                 f"{source}: graph obs shape {shape} disagrees with metadata (expected [batch, {obs_dim}])"
             )
+        if has_cost and outputs[1].type not in FLOAT_TENSORS:
+            raise BundleError(
+                f"{source}: graph I/O types: expected cost_q tensor(float or double), got {outputs[1].type}"
+            )
         if inputs[0].type != "tensor(float)" or outputs[0].type not in FLOAT_TENSORS:
             raise BundleError(
                 f"{source}: graph I/O types: expected obs tensor(float) and actions tensor(float or double), "

@@ -457,7 +457,7 @@ class PolicyNode:
         number). The shield then holds; its clamps still run on whatever it sends."""
         del q, qd, action  # Q_c was computed with the action, on the full observation
         assert self.config.cost_veto is not None
-        return not self._cost_q <= self.config.cost_veto
+        return not (math.isfinite(self._cost_q) and self._cost_q <= self.config.cost_veto)
 
     def _unusable(self, reason: str, policy_time: float | None) -> tuple[np.ndarray, float | None]:
         self._refuse(reason)

@@ -52,11 +52,14 @@ class CostCritic(nn.Module):
         next_action: torch.Tensor,
         cost: torch.Tensor,
         discount: torch.Tensor,
+        weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """TD loss against c + discount Q'_c(s', a'); no entropy bonus: entropy is a reward, not a cost."""
+        """TD loss against c + discount Q'_c(s', a'), samples weighted as the reward critic's are (a
+        prioritized sampler's importance weights); no entropy bonus: entropy is a reward, not a cost."""
         with torch.no_grad():
             target_out = self.target(next_obs, next_action)
-        return self.head.loss(self.critic(obs, action), target_out, cost, discount, torch.zeros_like(cost))[0]
+        zero = torch.zeros_like(cost)
+        return self.head.loss(self.critic(obs, action), target_out, cost, discount, zero, weight)[0]
 
     def soft_update(self, tau: float) -> None:
         polyak(self.target, self.critic, tau)

@@ -83,8 +83,7 @@ class EpisodeTracker:
         self._running.copy_(state["running"])
         self._finished.copy_(state["finished"])
         self._count.copy_(state["count"])
-        if "training_cost" in state:  # checkpoints from before the training cost was kept lack it
-            self._training_cost.copy_(state["training_cost"])
+        self._training_cost.copy_(state["training_cost"])
         self._success_running.copy_(state["success_running"])
         self._success_finished.copy_(state["success_finished"])
         self._reports_success = bool(state["reports_success"])

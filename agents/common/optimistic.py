@@ -23,18 +23,22 @@ def sigma_dot(u: torch.Tensor, v: torch.Tensor, var: torch.Tensor) -> torch.Tens
 
 
 def project_to_cone(
-    v: torch.Tensor, g_r: torch.Tensor, g_c: torch.Tensor, var: torch.Tensor, eps: float = 1e-5
+    v: torch.Tensor, g_r: torch.Tensor, g_c: torch.Tensor, var: torch.Tensor, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Sigma-nearest point of the cone to each row of `v`, and which case gave it (`CASES[1:]`).
 
     The projection onto the intersection of two half-spaces through the origin is `v` itself, its
     projection onto one boundary plane if that lies inside the other half-space, or else its projection
-    onto both planes' intersection; among feasible candidates the nearest wins."""
+    onto both planes' intersection; among feasible candidates the nearest wins. `eps` is relative: it
+    only keeps the 2 x 2 solve away from zero for (nearly) parallel gradients, at any gradient scale
+    (COX-Q's code adds an absolute 1e-5, which swamps the Gram matrix of small gradients)."""
     vr, vc = sigma_dot(v, g_r, var), sigma_dot(v, g_c, var)
-    srr, scc, src = sigma_dot(g_r, g_r, var) + eps, sigma_dot(g_c, g_c, var) + eps, sigma_dot(g_r, g_c, var)
+    tiny = torch.finfo(v.dtype).tiny
+    srr, scc = sigma_dot(g_r, g_r, var).clamp(min=tiny), sigma_dot(g_c, g_c, var).clamp(min=tiny)
+    src = sigma_dot(g_r, g_c, var)
     onto_r = v - (vr / srr)[:, None] * g_r
     onto_c = v - (vc / scc)[:, None] * g_c
-    det = srr * scc - src**2 + eps
+    det = (srr * scc - src**2).clamp(min=eps * srr * scc)
     a, b = (scc * vr - src * vc) / det, (srr * vc - src * vr) / det
     onto_both = v - a[:, None] * g_r - b[:, None] * g_c
     # Squared Sigma-distances moved; a candidate that leaves the other half-space is ruled out.
@@ -57,13 +61,14 @@ def project_to_cone(
 
 
 def trust_region_step(
-    v: torch.Tensor, cost_grad: torch.Tensor, var: torch.Tensor, delta: torch.Tensor, slack: torch.Tensor, eps=1e-5
+    v: torch.Tensor, cost_grad: torch.Tensor, var: torch.Tensor, delta: torch.Tensor, slack: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The mean shift eta Sigma v with eta = delta / ||v||_Sigma (KL = delta^2 / 2), cut to
     slack / <cost_grad, v>_Sigma where the step raises the linearised cost (0 once out of slack);
-    also whether the cut applied."""
-    eta = delta / (sigma_dot(v, v, var) + eps).sqrt()
+    also whether the cut applied. A zero direction gives a zero step."""
+    tiny = torch.finfo(v.dtype).tiny
+    eta = delta / sigma_dot(v, v, var).clamp(min=tiny).sqrt()
     rise = sigma_dot(cost_grad, v, var)
-    cap = (slack / (rise + eps)).clamp(min=0.0)
+    cap = (slack / rise.clamp(min=tiny)).clamp(min=0.0)
     cut = (rise > 0) & (cap < eta)
     return torch.where(cut, cap, eta)[:, None] * var * v, cut

@@ -175,7 +175,6 @@ class ReplayStorage:
         return {"data": dict(self.data), "pos": self.pos, "size": self.size}
 
     def load_state_dict(self, state: dict) -> None:
-        # Replay written before it kept costs came from learners that never read them: those stay zero.
         for key, value in state["data"].items():
             if value.shape != self.data[key].shape:
                 raise ValueError(

@@ -129,6 +129,21 @@ def test_a_state_the_critic_scores_unsafe_is_held_and_a_safe_one_runs_the_policy
     assert node.diagnostics()["values"]["cost_vetoes"] == "2"
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_cost_value_that_is_not_a_finite_number_is_vetoed(safe_bundle, value) -> None:
+    node, now = _running(safe_bundle, veto=1.0)
+    bundle = node.bundle
+    real = bundle.with_cost
+
+    def broken(obs):
+        commands, cost = real(obs)
+        return commands, np.full_like(cost, value)
+
+    bundle.with_cost = broken  # a graph whose cost output broke: the action must not run on its word
+    node.on_joint_state(["hinge"], [0.2], [-3.0], [], received=now)  # a state the critic scores safe
+    assert node.tick(now).command.flags & Rule.VETO
+
+
 def test_the_veto_never_bypasses_a_clamp(safe_bundle) -> None:
     """Whatever the state, a vetoed tick sends what the shield sends without a policy action, and every
     command stays within the effort limit."""

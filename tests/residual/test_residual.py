@@ -198,6 +198,7 @@ def test_refuses_a_base_or_demos_made_for_other_settings(tmp_path: Path, reach_b
         ResidualTrainer(no_base)
 
 
+@pytest.mark.slow  # a short residual run and an export: about 4 s alone, over the fast tier's guard when loaded
 def test_one_graph_bundle_matches_torch(tmp_path: Path, reach_base: Path, reach_demos: Path) -> None:
     trainer = ResidualTrainer(_config(tmp_path, reach_base, reach_demos))
     with torch.no_grad():

@@ -31,6 +31,10 @@ def test_a_runner_steps_as_gymnasiums_v5_env_does(task: str) -> None:
         speed = float(result.next_obs[0, env.obs_dims[0]])  # velocity term starts with the root's x velocity
         assert float(result.reward[0]) - speed == pytest.approx(their_reward - info["x_velocity"], abs=1e-4)
         assert bool(result.terminated[0]) == their_end
-        assert float(result.cost[0]) == float(speed > env.task.config.velocity_threshold)
+        # The cost is Safety-Gymnasium's on gymnasium's own speed, wherever the two speeds are not both
+        # within a hair of the threshold.
+        threshold = env.task.config.velocity_threshold
+        if abs(info["x_velocity"] - threshold) > 0.05:
+            assert float(result.cost[0]) == float(info["x_velocity"] > threshold)
         if their_end:
             break
