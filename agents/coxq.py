@@ -86,6 +86,7 @@ class COXQ(SACLag):
     delta: torch.Tensor
     step_cost: torch.Tensor
     case_counts: torch.Tensor
+    slack_sum: torch.Tensor
 
     def __init__(self, config: COXQConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
         super().__init__(config, obs_dim, action_dim, num_envs, device)
@@ -95,6 +96,8 @@ class COXQ(SACLag):
         self.register_buffer("step_cost", torch.zeros((), device=device))
         # Per case (and a last entry for steps the cost cap cut), states since the last log window.
         self.register_buffer("case_counts", torch.zeros(len(CASES) + 1, device=device))
+        self.register_buffer("slack_sum", torch.zeros((), device=device))
+        """d_Q - Q_c of the exploring states since the last log window, summed."""
         self._explored = False
 
     def cost_head(self) -> tuple[QuantileHead, int]:
@@ -135,6 +138,7 @@ class COXQ(SACLag):
         step, cut = trust_region_step(v, h, var, self.delta, slack)
         counts = nn.functional.one_hot(case, len(CASES)).sum(0)  # bincount would sync a GPU for its size
         self.case_counts += torch.cat([counts, cut.sum()[None]])
+        self.slack_sum += slack.sum()
         self._explored = True
         return torch.tanh(mean + step + std * torch.randn_like(mean))
 
@@ -153,5 +157,7 @@ class COXQ(SACLag):
         shares = self.case_counts / counts.sum().clamp(min=1)
         names = [f"explore_{name}" for name in (*CASES, "cost_cut")]
         out = super().metrics() | dict(zip(names, shares.clone(), strict=True))
+        out["explore_slack"] = self.slack_sum / counts.sum().clamp(min=1)
         self.case_counts.zero_()
+        self.slack_sum.zero_()
         return out | {"trust_region": self.delta.clone(), "training_step_cost": self.step_cost.clone()}

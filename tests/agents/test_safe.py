@@ -175,7 +175,7 @@ def test_out_of_slack_coxq_projects_and_never_steps_up_the_linearised_cost() -> 
     agent.act(torch.randn(256, 3))
     counts = agent.case_counts
     assert counts[FREE].item() == 0 and counts[: len(CASES)].sum().item() == 256
-    assert counts[FREE + 1 :len(CASES)].sum() == 256  # every state resolved the conflict by a case
+    assert counts[FREE + 1 : len(CASES)].sum() == 256  # every state resolved the conflict by a case
     assert counts[len(CASES)].item() > 0  # and the slack cut the steps that raise the cost
 
 
