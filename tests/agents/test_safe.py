@@ -216,3 +216,23 @@ def test_coxq_weighs_the_cost_by_the_rectified_multiplier() -> None:
         agent.lagrange.value.fill_(lam)
         weight = max(0.0, lam + 10.0 * (cost.mean().item() - agent.value_limit))
         torch.testing.assert_close(agent.actor_objective(obs, action, log_prob), plain + weight * cost)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo=sac_lag", "pql.enabled=true"], "pql.enabled"),
+        (["algo=sac_lag", "sac_lag.cost_limit=-1"], "sac_lag.cost_limit"),
+        (["algo=sac_lag", "sac_lag.chunk.size=4"], "sac_lag.chunk.size"),
+        (["algo=coxq", "coxq.network=flash", "coxq.actor_hidden=[64]", "coxq.critic_hidden=[64]"], "coxq.network"),
+        (["algo=coxq", "coxq.num_cost_critics=1"], "coxq.num_cost_critics"),
+        (["algo=coxq", "coxq.critic_head=scalar"], "coxq.critic_head"),
+        (["algo=coxq", "coxq.cost_tail=0.01"], "coxq.cost_tail"),
+    ],
+)
+def test_settings_a_constrained_learner_cannot_honour_are_refused_by_name(overrides, message) -> None:
+    from q2real.agents.config import TrainConfig
+    from q2real.configs.loader import load
+
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        load(TrainConfig, None, overrides).validate()
