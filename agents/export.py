@@ -64,21 +64,21 @@ class DeployPolicy(CommandGraph):
         super().__init__(nn.Sequential(agent.obs_norm, agent.actor), agent.config.chunk.policy_length, scale, offset)
 
 
-class CostGraph(nn.Module):
-    """`DeployPolicy` with a second output, `cost_q` (batch,): the cost critic's Q_c(s, pi(s)) of the action
-    the policy just chose, in the learner's own units (the discounted cost to come), for the node's veto."""
+class CostGraph(CommandGraph):
+    """An actor-critic's deterministic policy with a second output, `cost_q` (batch,): the cost critic's
+    Q_c(s, pi(s)) of the action the policy just chose, in the learner's own units (the discounted cost
+    to come), for the node's veto. The actor runs once for both outputs."""
 
     def __init__(self, agent: SACLag, scale: torch.Tensor, offset: torch.Tensor):
-        super().__init__()
-        self.policy = DeployPolicy(agent, scale, offset)
+        super().__init__(agent.actor, 1, scale, offset)
         self.norm = copy.deepcopy(agent.obs_norm).cpu()
-        self.actor = copy.deepcopy(agent.actor).cpu()
         self.cost = copy.deepcopy(agent.cost_critic).cpu()
         self.eval()
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pyright: ignore[reportIncompatibleMethodOverride]
         normalized = self.norm(obs)
-        return self.policy(obs), self.cost.value(normalized, self.actor(normalized).clamp(-1.0, 1.0))
+        action = self.policy(normalized).clamp(-1.0, 1.0)
+        return command_from_action(action, self.scale, self.offset), self.cost.value(normalized, action)
 
 
 def cost_metadata(agent: SACLag, algo: str) -> dict[str, Any]:
