@@ -1,4 +1,5 @@
-"""The `q2real` command: `train`, `eval`, `export`, `deploy`, `transfer`, `demos`, `envs`, `presets`, `rollout`.
+"""The `q2real` command: `train`, `finetune`, `eval`, `export`, `deploy`, `transfer`, `demos`, `envs`, `presets`,
+`rollout`.
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
@@ -91,10 +92,30 @@ def job_kind(preset: str | None, overrides: list[str]) -> str:
     return "residual" if "residual" in parsed or "residual" in data else "rl"
 
 
+def _run_trainer(trainer, args: argparse.Namespace) -> int | None:
+    """Run a training job to its end and print where it went; on Ctrl-C (checkpoint written) or
+    non-finite values, say how to continue and return the exit status."""
+    from q2real.agents.common.guard import NonFiniteError
+
+    try:
+        trainer.run()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted at env step {trainer.step}; checkpoint written to {trainer.last_checkpoint}")
+        print(f"continue with: q2real {args.command} --resume {trainer.path}", file=sys.stderr)
+        return 130
+    except NonFiniteError as err:
+        if args.debug:
+            raise
+        print(f"q2real {args.command}: {err}", file=sys.stderr)
+        return 3
+    print(f"run directory: {trainer.path}")
+    print(f"learning curve: {trainer.path / 'curves.png'}")
+    return None
+
+
 def _train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from q2real.agents.common.guard import NonFiniteError
     from q2real.agents.config import TrainConfig
     from q2real.agents.train import Trainer
 
@@ -122,24 +143,45 @@ def _train(args: argparse.Namespace) -> int:
         trainer = ResidualTrainer(config, resume=resume)  # pyright: ignore[reportArgumentType]
     else:
         trainer = Trainer(config, resume=resume)
-    try:
-        trainer.run()
-    except KeyboardInterrupt:
-        print(f"\ninterrupted at env step {trainer.step}; checkpoint written to {trainer.last_checkpoint}")
-        print(f"continue with: q2real train --resume {trainer.path}", file=sys.stderr)
-        return 130
-    except NonFiniteError as err:
-        if args.debug:
-            raise
-        print(f"q2real train: {err}", file=sys.stderr)
-        return 3
-    print(f"run directory: {trainer.path}")
-    print(f"learning curve: {trainer.path / 'curves.png'}")
+    failed = _run_trainer(trainer, args)
+    if failed is not None:
+        return failed
     print(f"checkpoint: {trainer.last_checkpoint}")
     success = f", success {trainer.last_eval_success:.2f}" if trainer.last_eval_success is not None else ""
     limit = getattr(config.agent, "cost_limit", None)  # a constrained learner: its cost is half the result
     cost = f", episode cost {trainer.last_eval_cost:.1f} (limit {limit})" if limit is not None else ""
     print(f"final evaluation: mean return {trainer.last_eval:.1f} over {config.eval_envs} episodes{success}{cost}")
+    return 0
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from q2real.agents.finetune import FinetuneConfig, Finetuner, load_finetune_config
+
+    if args.resume:
+        resume = Path(args.resume)
+        if not (resume / "checkpoint.pt").is_file():
+            raise ConfigError(f"--resume {resume}: no checkpoint.pt in that directory")
+        config = load_finetune_config(resume)
+        if args.run_dir is not None and Path(args.run_dir).resolve() != Path(config.run).resolve():
+            raise ConfigError(f"--resume {resume}: it fine-tunes {config.run}, not {args.run_dir}")
+        if args.overrides:
+            raise ConfigError("--resume continues the fine-tuning job as it was started; overrides are not taken")
+    else:
+        if args.run_dir is None or "=" in args.run_dir:
+            raise ConfigError("expected RUN_DIR, the trained run to fine-tune (or --resume FINETUNE_DIR)")
+        resume = None
+        config = load(FinetuneConfig, args.preset, [*args.overrides, f"run={args.run_dir}"])
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        return 0
+    trainer = Finetuner(config, resume=resume)
+    failed = _run_trainer(trainer, args)
+    if failed is not None:
+        return failed
+    print(f"final evaluation, robot's dynamics: mean return {trainer.last_eval:.1f} over {config.eval_envs} episodes")
+    print(f"export the fine-tuned policy with: q2real export {trainer.path}")
     return 0
 
 
@@ -355,6 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
     _job_arguments(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     train.set_defaults(func=_train)
+    finetune = command("finetune", help="continue a trained run's learner on one (shifted) robot: the handoff")
+    finetune.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="the trained run (config.yaml, checkpoint.pt)")
+    _job_arguments(finetune)
+    finetune.add_argument("--resume", metavar="FINETUNE_DIR", help="continue a fine-tuning run from its checkpoint")
+    finetune.set_defaults(func=_finetune)
     evaluation = command("eval", help="roll out a trained run's deterministic policy and report returns")
     evaluation.add_argument("run_dir", metavar="RUN_DIR")
     evaluation.add_argument("--episodes", type=int, default=20)

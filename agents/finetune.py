@@ -1,0 +1,145 @@
+"""Fine-tuning a trained run on the robot's own stream: the handoff from batch training to the robot.
+
+The learner that trained the run continues, through the one training loop, on one env (the robot)
+whose dynamics may differ from training (`shift`): its actor, critic ensemble, target critic,
+temperature, observation statistics and optimizer moments all carry over from the run's checkpoint,
+so nothing is relearned at the handoff. Three things change, each because a robot is not a
+simulator batch: the robot never acts at random (warm-up transitions come from the policy handed
+over, with its own exploration), the actor holds still until `actor_start` (the critic first fits the
+robot's dynamics under the policy it was handed; an actor that follows a critic still valued for the
+training dynamics is what drops the return below the handoff level), and the replay is a bounded
+store of robot transitions only. Per-env state of the batch run (the running return of each
+training env, exploration-noise repeats) starts fresh, for the one robot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+from q2real.agents.callbacks import Callback
+from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
+from q2real.agents.common.run_dir import LogConfig, write_atomic
+from q2real.agents.config import TrainConfig, load_run_config
+from q2real.agents.learners import check_agent_checkpoint
+from q2real.agents.train import Trainer
+from q2real.configs.loader import ConfigError, load, to_dict
+from q2real.sim.randomization import RandomizationConfig
+
+FINETUNE_CONFIG = "finetune.yaml"
+
+
+@dataclass
+class FinetuneConfig:
+    run: str = ""
+    """The trained run directory (config.yaml and checkpoint.pt) whose learner continues."""
+    shift: RandomizationConfig = field(default_factory=RandomizationConfig)
+    """Dynamics of the robot fine-tuned on, as randomization ranges; equal bounds are a fixed shift
+    (`shift.actuator_gain_scale=[0.5,0.5]`: a weaker actuator). Default: the training dynamics."""
+    total_steps: int = 10_000
+    """Robot transitions (control ticks) to fine-tune for."""
+    warmup_steps: int = 1_000
+    """Transitions collected under the handed-over policy before the critic learns."""
+    actor_start: int = 3_000
+    """Transitions before the actor moves; until then only the critic learns."""
+    replay_capacity: int = 100_000
+    """Robot transitions kept (oldest dropped first)."""
+    updates_per_step: float = 1.0
+    eval_every: int = 1_000
+    """Transitions between evaluations of the deterministic policy on the shifted dynamics (a sim robot's twin)."""
+    eval_envs: int = 16
+    checkpoint_every: int = 2_500
+    threads: int = 1
+    """torch CPU threads of the learner: one, so it does not slow a control loop beside it."""
+    seed: int = 1
+    log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=1_000))
+
+    def validate(self) -> None:
+        if not self.run:
+            raise ConfigError("run: expected the trained run directory to fine-tune")
+        if self.actor_start < self.warmup_steps:
+            raise ConfigError(f"actor_start: expected >= warmup_steps ({self.warmup_steps}), got {self.actor_start}")
+        self.shift.validate("shift")
+
+
+def handoff_config(config: FinetuneConfig, run: TrainConfig) -> TrainConfig:
+    """The run's training config, turned into the fine-tuning job: one env with the shifted dynamics."""
+    if run.pql.enabled:
+        raise ConfigError(f"run {config.run}: pql.enabled: fine-tuning continues a single-process learner")
+    log = config.log
+    if not log.name:
+        log = dataclasses.replace(log, name=f"{Path(config.run).name}-finetune-{time.strftime('%Y%m%d-%H%M%S')}")
+    return dataclasses.replace(
+        run,
+        env=dataclasses.replace(run.env, num_envs=1, randomization=config.shift, seed=config.seed),
+        log=log,
+        total_steps=config.total_steps,
+        warmup_steps=config.warmup_steps,
+        updates_per_step=config.updates_per_step,
+        replay_capacity=config.replay_capacity,
+        eval_every=config.eval_every,
+        eval_envs=config.eval_envs,
+        checkpoint_every=config.checkpoint_every,
+        stop_return=None,
+        threads=config.threads,
+    )
+
+
+class HandoffEval(Callback):
+    """Evaluates the handed-over policy before the first transition, so the curve starts at the handoff level."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        if trainer.step == 0:
+            trainer.logger.log(0, {"eval_return": trainer.evaluate(), "eval_cost": trainer.last_eval_cost or 0.0})
+
+
+class Finetuner(Trainer):
+    def __init__(self, config: FinetuneConfig, resume: Path | None = None):
+        config.validate()
+        self.finetune = config
+        self.source = Path(config.run)
+        self.run_config = load_run_config(self.source, CHECKPOINT)
+        super().__init__(handoff_config(config, self.run_config), [HandoffEval()], resume=resume)
+        write_atomic(self.path / FINETUNE_CONFIG, yaml.safe_dump(to_dict(config), sort_keys=False))
+        self.run_dir.update_meta(finetuned_from=str(self.source.resolve()))
+
+    def build_agent(self) -> ActorCritic:
+        """The run's learner as its checkpoint left it, for one env."""
+        agent = super().build_agent()
+        path = self.source / CHECKPOINT
+        state = load_checkpoint(path, self.env.device)
+        weights = dict(state["agent"])
+        if "return_scale.ret" in weights:
+            weights["return_scale.ret"] = torch.zeros_like(agent.return_scale.ret)
+        check_agent_checkpoint(path, state | {"agent": weights}, self.config, agent)
+        agent.load_state_dict(weights)
+        for name, optimizer in agent.optimizers().items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        agent.updates = int(state["updates"])
+        return agent
+
+    def warmup_action(self) -> torch.Tensor:
+        return self.policy_action()
+
+    def update(self) -> dict[str, torch.Tensor]:
+        if self.step >= self.finetune.actor_start:
+            return super().update()
+        agent, cfg = self.agent, self.config.agent
+        batch = self.sampler.sample(self.replay, cfg.batch_size, agent.backup_steps, cfg.gamma, cfg.chunk.size)
+        metrics = agent.critic_update(batch)
+        self.sampler.update(batch, agent.last_td_abs)
+        return metrics
+
+
+def load_finetune_config(run_dir: Path) -> FinetuneConfig:
+    """The fine-tuning job a fine-tuning run directory was started with (for `--resume`)."""
+    path = run_dir / FINETUNE_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: not a fine-tuning run directory (no {FINETUNE_CONFIG})")
+    return load(FinetuneConfig, str(path))
