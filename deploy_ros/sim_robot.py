@@ -75,6 +75,14 @@ class SimRobotConfig:
     """Seconds a floating base is held still after the first command (with the node's `autostart`,
     its ramp time: released at the handover; an operator start comes later); 0: free from the start."""
     seed: int = 0
+    shift: dict[str, float] = field(default_factory=dict)
+    """A dynamics shift (`q2real.sim.randomization.RandomizationConfig` field -> value, e.g.
+    actuator_gain_scale: 0.5, payload: 0.5) applied `shift_at` seconds after the first command."""
+    shift_at: float = 0.0
+    reset_every: float = 0.0
+    """Seconds between two resets of the joints to the default pose plus U(-reset_spread, reset_spread)
+    at rest, counted from the first command (someone knocking the robot about); 0: never."""
+    reset_spread: float = 0.0
 
 
 class SimWorld:
@@ -100,6 +108,7 @@ class SimWorld:
         self.dof_index = np.array([model.jnt_dofadr[j] for j in joints])
         self.actuated = np.array([actuator_for_joint(model, j) is not None for j in joints])
         spec_ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in spec.joint_names]
+        self.spec_joint_ids = spec_ids
         self.actuators = np.array([actuator_for_joint(model, j) for j in spec_ids])
         self.gear = model.actuator_gear[self.actuators, 0]
         self.spec_qpos = [model.jnt_qposadr[j] for j in spec_ids]
@@ -267,6 +276,31 @@ class SimRobot:
         """Physics steps per wake-up: every stream's messages fall on one."""
         self.reader = self.dds.reader(topic, command_type, self._on_command)
         self.received = 0
+        self.shifted = False
+        self._next_reset = config.reset_every
+        self._shift_fields: dict[str, np.ndarray] = {}
+        if config.shift:
+            self._shift_fields = self._shifted_fields(config.shift)
+
+    def _shifted_fields(self, shift: dict[str, float]) -> dict[str, np.ndarray]:
+        """The model fields of the shift, computed as the training env's randomization would (its
+        payload on the last joint's link)."""
+        import torch  # only a robot with a shift needs the simulator's randomization
+
+        from q2real.sim.randomization import RandomizationConfig, sample_model_fields
+
+        ranges = {key: value if key in ("com_offset", "obs_noise_std", "obs_bias") else (value, value)
+                  for key, value in shift.items()}  # fmt: skip
+        try:
+            config = RandomizationConfig(**ranges)  # pyright: ignore[reportArgumentType]
+            config.validate("shift")
+        except TypeError as err:
+            raise ValueError(f"shift: {err}; expected fields of RandomizationConfig") from None
+        body = int(self.model.jnt_bodyid[self.world.spec_joint_ids[-1]])
+        return {
+            name: values[0]
+            for name, values in sample_model_fields(self.model, config, 1, torch.Generator(), body).items()
+        }
 
     def _on_command(self, message) -> None:
         values = command_values(message, self.config.command_style, self.spec.joint_names)
@@ -284,6 +318,24 @@ class SimRobot:
             self.data.ctrl[actuators] = (self._command if fresh else 0.0) / self.world.gear
         elif fresh:
             self.data.ctrl[actuators] = self._command
+
+    def _perturb(self, now: float) -> None:
+        """The configured dynamics shift, once, and the periodic resets, on the first command's clock."""
+        config, since = self.config, now - self._first_command
+        if config.shift and not self.shifted and since >= config.shift_at:
+            self.shifted = True
+            for name, values in self._shift_fields.items():
+                getattr(self.model, name)[:] = values
+            print(f"sim robot: dynamics shifted ({config.shift}) {since:.1f} s after the first command", flush=True)
+        if config.reset_every > 0 and since >= self._next_reset:
+            self._next_reset += config.reset_every
+            world, data = self.world, self.data
+            spread = config.reset_spread
+            data.qpos[world.spec_qpos] = self.spec.array("default_position") + world.rng.uniform(
+                -spread, spread, len(world.spec_qpos)
+            )
+            data.qvel[:] = 0.0
+            mujoco.mj_forward(self.model, data)
 
     def run(self, stop: threading.Event, duration: float | None = None, parent: int | None = None) -> None:
         """Publish each stream when due, apply the newest command each period and step, in real time.
@@ -309,6 +361,7 @@ class SimRobot:
                 if step % every == 0:
                     writer.write(message(stamp))
             if step % self.substeps == 0:
+                self._perturb(now)
                 self._apply(now)
             mujoco.mj_step2(model, data)
             if wake > 1:
@@ -342,21 +395,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=None, help="seconds, default: until SIGINT/SIGTERM")
     parser.add_argument("--loopback", action="store_true", help="keep DDS on 127.0.0.1 (no network)")
     parser.add_argument(
+        "--shift", nargs="*", default=[], metavar="FIELD=VALUE", help="dynamics shift, e.g. actuator_gain_scale=0.5"
+    )
+    parser.add_argument("--shift-at", type=float, default=0.0, help="seconds after the first command")
+    parser.add_argument("--reset-every", type=float, default=0.0, help="seconds between random joint resets")
+    parser.add_argument("--reset-spread", type=float, default=0.0, help="half-width (rad or m) of the resets")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process dies (default: run standalone)"
     )
     args = parser.parse_args(argv)
     for name in ("imu_rate", "object_rate"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')}: expected a rate > 0 Hz")
-    for name in ("imu_noise", "imu_bias", "gantry"):
+    for name in ("imu_noise", "imu_bias", "gantry", "shift_at", "reset_every", "reset_spread"):
         if not getattr(args, name) >= 0:
             parser.error(f"--{name.replace('_', '-')}: expected a value >= 0")
     if args.loopback:
         use_loopback()
-    initial = {}
-    for item in args.initial:
-        name, _, value = item.partition("=")
-        initial[name] = float(value)
+    initial, shift = _assignments(parser, "--initial", args.initial), _assignments(parser, "--shift", args.shift)
     config = SimRobotConfig(
         rate=args.rate,
         command_style=args.command_style,
@@ -368,8 +425,16 @@ def main(argv: list[str] | None = None) -> None:
         imu_bias=args.imu_bias,
         object_rate=args.object_rate,
         gantry=args.gantry,
+        seed=args.seed,
+        shift=shift,
+        shift_at=args.shift_at,
+        reset_every=args.reset_every,
+        reset_spread=args.reset_spread,
     )
-    robot = SimRobot(robot_spec(args.robot), config)
+    try:
+        robot = SimRobot(robot_spec(args.robot), config)
+    except ValueError as err:
+        parser.error(str(err))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -381,6 +446,19 @@ def main(argv: list[str] | None = None) -> None:
         robot.run(stop, args.duration, args.parent_pid)
     finally:
         robot.dds.close()
+
+
+def _assignments(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, float]:
+    values = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            values[name] = float(value) if sep and name else math.nan
+        except ValueError:
+            values[name] = math.nan
+        if not math.isfinite(values[name]):
+            parser.error(f"{flag}: expected NAME=NUMBER, got {item!r:.80}")
+    return values
 
 
 if __name__ == "__main__":

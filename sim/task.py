@@ -52,6 +52,9 @@ class Task(ABC):
     tracked_object: str | None = None
     """The body (with a free joint) whose pose a tracker reports on a robot (`object_pose`)."""
     native_only: bool = False
+    joint_reward: bool = False
+    """Reward and termination read only the actuated joints' positions and velocities (and the action),
+    so a learner on the robot can compute them from its joint states (`q2real.agents.robot_learner`)."""
     """The robot's model needs MuJoCo features MJX lacks (e.g. the RK4 integrator): native backend only."""
 
     @classmethod

@@ -19,21 +19,24 @@ BUNDLE_SCHEMA = "deploy_ros.schema"
 """A module of `deploy_ros` that learners may use: the bundle's metadata document, which export writes."""
 CHUNKS = "deploy_ros.chunks"
 """The other: how a chunk policy's actions are executed, so training runs exactly what the robot runs."""
+TRANSITIONS = "deploy_ros.transitions"
+"""And the robot's transition stream and version files, which the learner beside the node reads and writes."""
 
 MAY_IMPORT: dict[str, set[str]] = {
     "configs": set(),
     "hardware": {"configs"},
     "safety": {"configs", "hardware"},
     "sim": {"configs", "hardware", "safety"},
-    "agents": {"configs", "hardware", "sim", BUNDLE_SCHEMA, CHUNKS},
+    "agents": {"configs", "hardware", "sim", BUNDLE_SCHEMA, CHUNKS, TRANSITIONS},
     "residual": {"configs", "hardware", "sim", "agents", BUNDLE_SCHEMA, CHUNKS},
     "deploy_ros": {"configs", "hardware", "safety"},
     "gate": {"configs", "hardware", "safety", "sim", "agents", "residual", "deploy_ros"},
     "cli": {"configs", "hardware", "safety", "sim", "agents", "residual", "deploy_ros", "gate"},
 }
 """Package -> the other q2real packages (or single modules) it may import; its own modules are always allowed."""
-MODULE_MAY_ALSO_IMPORT: dict[str, set[str]] = {"deploy_ros.sim_robot": {"sim.registry"}}
-"""Single modules with one more arrow: the sim-in-the-loop robot plays a task's world (its objects),
+MODULE_MAY_ALSO_IMPORT: dict[str, set[str]] = {"deploy_ros.sim_robot": {"sim.registry", "sim.randomization"}}
+"""Single modules with one more arrow: the sim-in-the-loop robot plays a task's world (its objects) and
+the training env's dynamics shifts,
 in its own process, never on a robot computer; the node's modules stay free of the simulator."""
 
 
