@@ -323,7 +323,14 @@ def _deploy(args: argparse.Namespace) -> int:
     from q2real.deploy_ros.session import deploy
     from q2real.deploy_ros.settings import NodeConfig
 
-    config = load(NodeConfig, args.preset, args.overrides)
+    overrides = [*args.overrides, *([f"finetune.run={args.finetune}"] if args.finetune else [])]
+    config = load(NodeConfig, args.preset, overrides)
+    perturbed = args.shift or args.reset_every
+    if perturbed and not args.sim:
+        raise ConfigError("--shift and --reset-every perturb the sim robot: they need --sim")
+    sim_extra = ["--shift", *args.shift, "--shift-at", str(args.shift_at)] if args.shift else []
+    if args.reset_every:
+        sim_extra += ["--reset-every", str(args.reset_every), "--reset-spread", str(args.reset_spread)]
     if args.sim and "autostart" not in parse_overrides(args.overrides):
         config = dataclasses.replace(config, autostart=True)  # nobody at a keyboard needs to start a simulated robot
     if args.print_config:
@@ -339,6 +346,7 @@ def _deploy(args: argparse.Namespace) -> int:
         duration=args.duration,
         operator_start=not config.autostart,
         timings=args.timings,
+        sim_extra=sim_extra,
     )
     print(
         f"stopped after {summary.ticks} ticks in mode {summary.mode}; latency p50 {summary.latency_p50_ms:.3f} ms "
@@ -349,6 +357,13 @@ def _deploy(args: argparse.Namespace) -> int:
     )
     stages = ", ".join(f"{name} {s['p99_ms']:.3f}" for name, s in summary.stages.items() if name != "total")
     print(f"tick path p99 ms: {stages}" + (f" (every tick in {args.timings})" if args.timings else ""))
+    if summary.finetune is not None:
+        tuned = summary.finetune
+        print(
+            f"fine-tuning: version {tuned['version']} running; {tuned['swaps']} swapped in, {tuned['accepted']} "
+            f"accepted, {tuned['rollbacks']} rolled back, {tuned['refused']} refused; every version in "
+            f"{tuned['directory']}"
+        )
     return 0
 
 
@@ -421,6 +436,13 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--sim", action="store_true", help="start the bundle's robot in simulation (loopback DDS)")
     dep.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
     dep.add_argument("--timings", metavar="CSV", help="write every tick's stage timestamps here when it stops")
+    dep.add_argument("--finetune", metavar="RUN_DIR", help="fine-tune the policy on the robot, continuing this run")
+    dep.add_argument(
+        "--shift", action="append", default=[], metavar="FIELD=VALUE", help="sim robot: a dynamics shift (repeatable)"
+    )
+    dep.add_argument("--shift-at", type=float, default=0.0, help="sim robot: seconds after its first command")
+    dep.add_argument("--reset-every", type=float, default=0.0, help="sim robot: seconds between random resets")
+    dep.add_argument("--reset-spread", type=float, default=3.14159, help="sim robot: half-width of a reset")
     _job_arguments(dep)
     dep.set_defaults(func=_deploy)
     gate = command(

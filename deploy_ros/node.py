@@ -80,6 +80,10 @@ class Tick:
     """Per bundle joint: effort (torque robots) or position target, as sent."""
     latency: float
     """Seconds from the joint state's arrival to the command being ready (NaN if no new state)."""
+    position: np.ndarray | None = None
+    """The bundle joints' measured positions this tick used (None without a joint state yet)..."""
+    velocity: np.ndarray | None = None
+    """...and velocities: with the next tick's, what a learner on the robot computes the reward from."""
 
 
 Publish = Callable[[Tick], None]
@@ -173,6 +177,12 @@ class PolicyNode:
         self.loop_misses = 0
         self.ticks = 0
         self.last_flags = 0
+        self.version = 0
+        """Which version of the policy runs: 0 the bundle started with, then those swapped in (`swap`)."""
+        self.exploration: Callable[[np.ndarray], np.ndarray] | None = None
+        """Fine-tuning's bounded noise on the policy's action, before the shield (None: none)."""
+        self.on_tick: Publish | None = None
+        """Called with every tick after it was published, under the tick lock (fine-tuning's stream)."""
 
     def _checked_robot(self, trained: RobotSpec, source: str, trained_hash: str) -> RobotSpec:
         """The robot the shield enforces: the bundle's, when it matches this machine's spec; the
@@ -390,7 +400,8 @@ class PolicyNode:
             self.changed.set()
         done = time.monotonic()
         times.stamp(COLUMN["shielded"], done)
-        return Tick(now, obs, raw, command, values, done - received if fresh else math.nan)
+        state = (q, qd) if sample is not None else (None, None)
+        return Tick(now, obs, raw, command, values, done - received if fresh else math.nan, *state)
 
     def _hold_back(self, reason: str) -> None:
         """Say once why the ramp's end does not hand over (the policy would start on a missing input)."""
@@ -449,6 +460,8 @@ class PolicyNode:
                     return np.full(raw.shape[-1], np.nan), policy_time
                 raw = chunks.act(raw[None])[0]
         if np.isfinite(raw).all():
+            if self.exploration is not None and chunks is None:
+                raw = self.exploration(raw)
             self._last_action[:] = clip(raw, -1.0, 1.0)
         return raw, policy_time
 
@@ -524,6 +537,14 @@ class PolicyNode:
         if self.torque or self.shield.has_pose:
             publish(tick)
         self.times.finish(time.monotonic())
+        if self.on_tick is not None:
+            self.on_tick(tick)
+
+    def swap(self, bundle: PolicyBundle, version: int) -> None:
+        """Run `bundle` from the next tick on: between two ticks, never inside one. The caller has
+        checked that it is the same robot, observation and action (`q2real.deploy_ros.finetune`)."""
+        with self._tick_lock:
+            self.bundle, self.version = bundle, version
 
     def spin(self, stop: threading.Event, publish: Publish) -> None:
         """Tick until `stop` is set, calling `publish(tick)` after each tick.

@@ -1,4 +1,5 @@
-"""Every tick to a rosbag2 MCAP bag: observation, raw action, shielded command, shield flags and mode.
+"""Every tick to a rosbag2 MCAP bag: observation, raw action, shielded command, shield flags and mode;
+with fine-tuning, every policy version event (swapped in, refused, rolled back) as JSON on its own topic.
 
 The bag opens with `ros2 bag info` / `ros2 bag play` and any MCAP viewer, and the bundle's metadata
 is its first message, so a bag can be replayed through the same observation builder and shield off
@@ -49,6 +50,7 @@ class Recorder:
             "command": (command_topic, command_type),
             "flags": (f"{prefix}/shield_flags", msg.UInt32),
             "mode": (f"{prefix}/shield_mode", msg.UInt32),
+            "version": (f"{prefix}/policy_version", msg.String),
         }
         self.connections = {
             key: self.writer.add_connection(name, msg.ROS_TYPES[kind], typestore=self.typestore)
@@ -63,10 +65,17 @@ class Recorder:
         """Queue one tick (called on the tick path: nothing else happens here)."""
         self._queue.put((time.time_ns(), tick, command_message))
 
+    def write_event(self, event: dict) -> None:
+        """Queue a policy version event (from the fine-tuning watcher, off the tick)."""
+        self._queue.put((time.time_ns(), None, json.dumps(event)))
+
     def _write(self, key: str, stamp: int, message) -> None:
         self.writer.write(self.connections[key], stamp, message.serialize())
 
-    def _record(self, stamp: int, tick: Tick, command_message) -> None:
+    def _record(self, stamp: int, tick: Tick | None, command_message) -> None:
+        if tick is None:
+            self._write("version", stamp, msg.String(data=command_message))
+            return
         if tick.observation is not None:
             self._write("observation", stamp, _floats(msg.Float32MultiArray, tick.observation))
         if tick.raw_action is not None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from q2real.deploy_ros import realtime
 from q2real.deploy_ros.dds import ROBOT_STARTUP, DdsNode, use_loopback
+from q2real.deploy_ros.finetune import FineTuning
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
 
@@ -50,6 +51,9 @@ class Summary:
     """p50/p99/max milliseconds per stage of the tick path (`q2real.deploy_ros.timing.SPANS`)."""
     realtime: list[str]
     """The real-time settings that were applied."""
+    finetune: dict[str, object] | None = None
+    """With fine-tuning: versions swapped in, refused, rolled back and accepted, the version running at
+    the end, the learner's exit status (None: it was still running) and the fine-tuning directory."""
 
 
 def start_sim_robot(
@@ -105,31 +109,39 @@ def deploy(
     operator_start: bool = False,
     timings: str | Path | None = None,
     sim_initial: dict[str, float] | None = None,
+    sim_extra: list[str] | None = None,
 ) -> Summary:
     """Run until `stop`, the duration or Ctrl-C; `operator_start` reads Enter on stdin as the start;
     `timings`: write every tick's stage timestamps there as CSV at the end; `sim_initial`: the sim
-    robot's initial joint positions."""
+    robot's initial joint positions; `sim_extra`: more of its command-line options (a dynamics shift).
+    With `config.finetune.run` the learner starts (and must load) before the robot does."""
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if sim:
         use_loopback()
     node = PolicyNode(bundle, config)
-    robot = None
+    robot = tuning = None
     switch_interval = sys.getswitchinterval()
     applied: list[str] = []
     try:
+        if config.finetune.run is not None:
+            tuning = FineTuning(node, config.finetune)
+            tuning.start()  # before the real-time settings, which the learner must not inherit
         if sim:
             # The robot alone, unless the policy observes an object of its task's world.
             task = node.bundle.info.metadata.get("task") if "object_pose" in node.inputs.streams else None
             rate = sim_rate or 1.0 / node.period
-            robot = start_sim_robot(node.spec.name, config, rate=rate, task=task, initial=sim_initial)
+            robot = start_sim_robot(node.spec.name, config, rate=rate, task=task, initial=sim_initial, extra=sim_extra)
         applied = realtime.apply(config.realtime)
         if applied:
             print(f"real-time settings: {', '.join(applied)}", flush=True)
-        _serve(node, config, stop, duration, status_every, operator_start, SIM_STARTUP if sim else ROBOT_STARTUP)
+        startup = SIM_STARTUP if sim else ROBOT_STARTUP
+        _serve(node, config, stop, duration, status_every, operator_start, startup, tuning)
     finally:
         sys.setswitchinterval(switch_interval)
+        if tuning is not None:
+            tuning.close()
         # Every exit, start-up failures included (bad topic, bag path, no robot), stops the child.
         if robot is not None:
             stop_sim_robot(robot)
@@ -149,6 +161,7 @@ def deploy(
         run_change=node.shield.counters.run_change,
         stages=stages,
         realtime=applied,
+        finetune=tuning.summary() if tuning is not None else None,
     )
 
 
@@ -160,6 +173,7 @@ def _serve(
     status_every: float | None,
     operator_start: bool,
     startup: float = ROBOT_STARTUP,
+    tuning: FineTuning | None = None,
 ) -> None:
     """The node on DDS until `stop`; it always ends with a last safe command and a closed bag.
     `startup`: seconds to wait for the first joint state when `startup_timeout` is not set."""
@@ -172,6 +186,8 @@ def _serve(
             metadata = node.bundle.info.metadata
             recorder = Recorder(config.record, transport.command_topic, transport.command_type, metadata)
             transport.recorder = recorder
+            if tuning is not None:
+                tuning.record = recorder.write_event
         transport.wait_for_robot(startup)
         if duration is not None:
             timer = threading.Timer(duration, stop.set)
@@ -188,6 +204,8 @@ def _serve(
         node.final_command(transport.publish)
         transport.close()
         if recorder is not None:
+            if tuning is not None:
+                tuning.record = None  # the bag closes; the watcher's later events go to stdout only
             recorder.close()
 
 

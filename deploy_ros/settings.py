@@ -121,6 +121,59 @@ class RealtimeConfig:
 
 
 @dataclass
+class FinetuneSettings:
+    """Fine-tuning on the robot beside the node (`q2real deploy BUNDLE --finetune RUN_DIR`): a learner
+    process trains on the node's transitions and publishes new versions of the bundle, which the node
+    validates, swaps in at a tick boundary and rolls back when they do worse. Off while `run` is None."""
+
+    run: str | None = None
+    """The trained run the bundle was exported from: the learner continues its checkpoint (critic too)."""
+    directory: str | None = None
+    """Where the transition ring, every version, the learner's run and its log go; None: a new
+    `finetune-<time>` folder in the working directory."""
+    publish_every: float = 5.0
+    """Seconds between the learner's published versions once its actor moves."""
+    noise_std: float = 0.1
+    """Exploration: Gaussian noise (action units) on the policy's action before the shield..."""
+    noise_bound: float = 0.3
+    """...clipped to +-this, and the sum to [-1, 1]; the shield then treats it like any action."""
+    window: int = 1500
+    """Ticks a new version runs before it is judged against the same number of ticks before it."""
+    return_drop: float = 0.2
+    """Roll back when the mean reward per tick falls by more than this fraction of the one before..."""
+    intervention_rise: float = 0.1
+    """...or the share of ticks on which the shield changed the action rises by more than this."""
+    parity_tolerance: float = 1e-3
+    """Largest difference (action units) between a candidate's ONNX outputs and the learner's own on
+    the probe observations; more and the candidate is refused."""
+    learner: tuple[str, ...] = ()
+    """`q2real finetune` settings for the learner (`actor_start=2000`, `warmup_steps=500`, ...)."""
+    learner_startup: float = 120.0
+    """Seconds to wait for the learner to load the run before giving up (the robot waits too)."""
+
+    def validate(self) -> None:
+        if self.run is not None and not self.run.strip():
+            raise ValueError("finetune.run: expected the trained run directory, got an empty string")
+        if self.directory is not None and not self.directory.strip():
+            raise ValueError("finetune.directory: expected a folder, got an empty string")
+        checks.number("finetune.publish_every", self.publish_every, at_least=0.5, at_most=3600.0)
+        checks.number("finetune.noise_std", self.noise_std, at_least=0.0, at_most=0.5)
+        checks.number("finetune.noise_bound", self.noise_bound, at_least=0.0, at_most=0.5)
+        checks.number("finetune.window", self.window, at_least=10, at_most=1_000_000)
+        checks.number("finetune.return_drop", self.return_drop, above=0.0, at_most=1.0)
+        checks.number("finetune.intervention_rise", self.intervention_rise, above=0.0, at_most=1.0)
+        checks.number("finetune.parity_tolerance", self.parity_tolerance, above=0.0, at_most=0.1)
+        checks.number("finetune.learner_startup", self.learner_startup, above=0.0, at_most=3600.0)
+        for item in self.learner:
+            key, sep, _ = item.partition("=")
+            if not sep or not key or key.split(".")[0] in ("run", "total_steps", "eval_every", "eval_envs"):
+                raise ValueError(
+                    f"finetune.learner: expected KEY=VALUE settings of q2real finetune other than run, "
+                    f"total_steps and eval_*, got {item!r:.80}"
+                )
+
+
+@dataclass
 class NodeConfig:
     command_style: Literal["forward", "trajectory"] = "forward"
     """`forward`: std_msgs/Float64MultiArray for a forward-command controller (joint order = the
@@ -160,6 +213,7 @@ class NodeConfig:
     """Hold instead of any action whose cost critic value Q_c(obs, action) exceeds this (the bundle's
     `cost_critic.value_limit` is the per-state level matching the limit it was trained for); needs a
     bundle with a cost critic. A non-finite Q_c is vetoed too. None: no veto."""
+    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
 
     def validate(self) -> None:
         if self.cost_veto is not None:
@@ -181,6 +235,7 @@ class NodeConfig:
         self.topics.validate(self.command_topic())
         self.inputs.validate()
         self.realtime.validate()
+        self.finetune.validate()
         try:
             self.shield.validate()
             # On a robot the ramp is real motion: it takes time and starts only near the default pose.

@@ -1,0 +1,223 @@
+"""The learner beside the deploy node: the run's learner fine-tuned on the robot's own transitions.
+
+`q2real deploy BUNDLE --finetune` starts this as its own process with one torch thread (a learner
+competing with the control loop for cores is what costs a torch process 5x; `q2real.deploy_ros.
+finetune`). It is `Finetuner` with the robot in place of a simulator: each iteration takes the next
+transition from the node's ring (`q2real.deploy_ros.transitions`) instead of stepping an env, so the
+replay, the critic-first warm-up, the updates, checkpoints and logs are the training loop's own. The
+reward is the task's, computed from the robot-side joint states of the tick after the action (tasks
+whose reward reads only joint states: `Task.joint_reward`); the stream is one continuing episode, cut
+into the task's episode length for the logs only (a time limit: the critic still bootstraps).
+
+Every `publish_every` seconds after `actor_start` it exports the deterministic policy as version k of
+the bundle (`vNNNN.onnx`), with a parity probe (recent robot observations and the commands the torch
+policy gives for them) and the actor's state, and announces it in `candidate.json`. The node validates
+and swaps it, or refuses it; when it rolls back to a good version (`rollback.json`) the actor and its
+observation statistics are reloaded from that version, the critic keeps what it learned. It exits,
+checkpointing, when the node's process is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from q2real.agents.callbacks import Callback, EvalCallback, StopTraining
+from q2real.agents.common.run_dir import write_atomic
+from q2real.agents.export import DeployPolicy, write_bundle
+from q2real.agents.finetune import FinetuneConfig, Finetuner, HandoffEval
+from q2real.agents.train import Trainer
+from q2real.configs.errors import Q2RealError
+from q2real.configs.loader import ConfigError, load
+from q2real.deploy_ros.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing, version_name
+from q2real.sim.physics import PhysicsState
+from q2real.sim.vec_env import StepResult
+
+READ_ROWS = 256
+"""Rows taken from the ring at once (their rewards are computed together)."""
+PROBE_ROWS = 64
+
+
+class RobotLearner(Finetuner):
+    def __init__(self, config: FinetuneConfig, directory: Path, publish_every: float, parent: int | None = None):
+        self.directory, self.publish_every, self.parent = directory, publish_every, parent
+        self.ring = TransitionRing(directory / RING)
+        super().__init__(config)
+        task = self.env.task  # pyright: ignore[reportAttributeAccessIssue]
+        if not task.joint_reward or self.ring.joints != task.spec.num_joints:
+            raise ConfigError(
+                f"{config.run}: task {self.config.env.task}: its reward reads more than joint states, so it "
+                "cannot be computed on the robot; fine-tuning on the robot supports tasks with Task.joint_reward"
+            )
+        if self.ring.obs_dim != self.env.obs_dim or self.ring.action_dim != self.env.action_dim:
+            raise ConfigError(
+                f"{directory / RING}: the node streams obs {self.ring.obs_dim} / action {self.ring.action_dim}, "
+                f"run {config.run} has obs {self.env.obs_dim} / action {self.env.action_dim}"
+            )
+        self.task = task
+        model = task.model
+        self._qpos0 = torch.tensor(model.qpos0, dtype=torch.float32)
+        self._nv, self._nsensor = model.nv, model.nsensordata
+        self.callbacks = [c for c in self.callbacks if not isinstance(c, (EvalCallback, HandoffEval))]
+        self.callbacks.append(Publisher())
+        self.read_at = self.ring.head  # transitions from the moment the learner is up
+        self._pending: deque[tuple] = deque()
+        self._previous: np.ndarray | None = None
+        self._previous_index = -1
+        self._since_episode = 0
+
+    # --- transitions from the ring -------------------------------------------------------------------
+    def collect(self) -> None:
+        while not self._pending:
+            self._fill()
+        obs, action, reward, next_obs, terminated = self._pending.popleft()
+        self._since_episode += 1
+        truncated = torch.tensor([self._since_episode >= self.task.config.episode_length])
+        if truncated[0]:
+            self._since_episode = 0
+        result = StepResult(next_obs, next_obs, reward, terminated, truncated & ~terminated, torch.zeros(1))
+        self.finite.record({"robot next_obs": result.next_obs, "robot reward": result.reward}, self.step)
+        self.replay.add(obs, action, result)
+        self.sampler.on_add(self.replay)
+        self.agent.observe(result)
+        self.episodes.update(result)
+        self.obs = next_obs
+        self.step += 1
+        self.iteration += 1
+
+    def _fill(self) -> None:
+        """Pair consecutive RUN rows into transitions; wait briefly when the node has written nothing new."""
+        rows, self.read_at = self.ring.read(self.read_at, READ_ROWS)
+        if not len(rows):
+            if self.parent is not None and os.getppid() != self.parent:
+                raise StopTraining  # the node's process is gone: checkpoint and stop
+            time.sleep(0.002)
+            return
+        first = self.read_at - len(rows)
+        if self._previous is not None and self._previous_index == first - 1:
+            rows_with_previous = np.concatenate([self._previous[None], rows])
+            start = first - 1
+        else:
+            rows_with_previous, start = rows, first
+        self._previous, self._previous_index = rows[-1].copy(), self.read_at - 1
+        before, after = rows_with_previous[:-1], rows_with_previous[1:]
+        pair = (before["tick"] + 1 == after["tick"]) & (before["flags"] & RUN > 0) & (after["flags"] & RUN > 0)
+        rewards = np.full(len(before), np.nan, dtype=np.float32)  # no transition starts at an unpaired row
+        if pair.any():
+            before, after = before[pair], after[pair]
+            obs = torch.from_numpy(before["obs"].astype(np.float32))
+            action = torch.from_numpy(before["action"].astype(np.float32)).clamp(-1.0, 1.0)
+            next_obs = torch.from_numpy(after["obs"].astype(np.float32))
+            physics = self._physics(after["q"], after["qd"])
+            reward = self.task.reward(physics, action)
+            terminated = self.task.terminated(physics)
+            rewards[pair] = reward.numpy()
+            for i in range(len(reward)):
+                self._pending.append(
+                    (obs[i : i + 1], action[i : i + 1], reward[i : i + 1], next_obs[i : i + 1], terminated[i : i + 1])
+                )
+        self.ring.write_rewards(start, rewards)
+
+    def _physics(self, q: np.ndarray, qd: np.ndarray) -> PhysicsState:
+        """The task's view of the robot after the action: its joints, the rest of the model at rest."""
+        n = len(q)
+        qpos = self._qpos0.repeat(n, 1)
+        qvel = torch.zeros(n, self._nv)
+        qpos[:, self.task.qpos_index] = torch.from_numpy(q.astype(np.float32))
+        qvel[:, self.task.qvel_index] = torch.from_numpy(qd.astype(np.float32))
+        return PhysicsState(qpos, qvel, torch.zeros(n, self._nsensor))
+
+    # --- versions --------------------------------------------------------------------------------------
+    def save_actor(self, version: int) -> None:
+        """The actor and its observation statistics as version `version`, for a rollback to it."""
+        path = self.directory / f"{version_name(version)}.pt"
+        state = {"actor": self.agent.actor.state_dict(), "obs_norm": self.agent.obs_norm.state_dict()}
+        torch.save(state, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+
+    def publish(self, version: int) -> None:
+        """Version `version` of the policy: actor state, bundle and parity probe, then the announcement."""
+        stem = self.directory / version_name(version)
+        agent = self.agent
+        self.save_actor(version)
+        size = self.replay.size
+        recent = (torch.arange(max(0, size - PROBE_ROWS), size) + self.replay.pos - size) % self.replay.rows
+        obs = self.replay.data["obs"][recent].reshape(-1, self.env.obs_dim).cpu()
+        policy = DeployPolicy(agent, self.env.action_scale, self.env.action_offset)
+        with torch.no_grad():
+            commands = policy(obs)
+        np.savez(stem.with_suffix(".probe.npz"), obs=obs.numpy(), commands=commands.numpy())
+        write_bundle(self.config, self.env, agent, self.step, stem.with_suffix(".onnx"))
+        announcement = {"version": version, "bundle": f"{stem.name}.onnx", "probe": f"{stem.name}.probe.npz"}
+        write_atomic(self.directory / CANDIDATE, json.dumps(announcement | {"step": self.step}))
+
+    def roll_back(self, version: int) -> None:
+        state = torch.load(self.directory / f"{version_name(version)}.pt", weights_only=True)
+        self.agent.actor.load_state_dict(state["actor"])
+        self.agent.obs_norm.load_state_dict(state["obs_norm"])
+
+
+class Publisher(Callback):
+    """Publishes a version every `publish_every` seconds once the actor moves; follows the node's rollbacks."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        assert isinstance(trainer, RobotLearner)
+        self.version = 0
+        trainer.save_actor(0)  # the handed-over policy: what a rollback to the deployed bundle reloads
+        self.last = time.monotonic()
+        self.rollback = ""
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        assert isinstance(trainer, RobotLearner)
+        path = trainer.directory / ROLLBACK
+        if path.is_file() and (text := path.read_text()) != self.rollback:
+            self.rollback = text
+            trainer.roll_back(int(json.loads(text)["version"]))
+        now = time.monotonic()
+        if trainer.step >= trainer.finetune.actor_start and now - self.last >= trainer.publish_every:
+            self.version += 1
+            trainer.publish(self.version)
+            self.last = now
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m q2real.agents.robot_learner", description="the learner beside the deploy node"
+    )
+    parser.add_argument("directory", type=Path, help="the node's fine-tuning directory (transitions.ring)")
+    parser.add_argument("--publish-every", type=float, default=5.0, help="seconds between published versions")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process (the node) is gone")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="q2real finetune settings (run=RUN_DIR ...)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        config = load(FinetuneConfig, None, [*args.overrides, "total_steps=1000000000", "eval_every=0", "eval_envs=1"])
+        learner = RobotLearner(config, args.directory, args.publish_every, args.parent_pid)
+    except Q2RealError as err:
+        print(f"robot learner: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    print(f"robot learner: fine-tuning {config.run} into {learner.path}", flush=True)
+    write_atomic(args.directory / READY, json.dumps({"pid": os.getpid(), "run": str(learner.path)}))
+    signal.signal(signal.SIGTERM, _interrupt)  # the node stopping: checkpoint, then exit
+    try:
+        learner.run()
+    except KeyboardInterrupt:
+        print(f"robot learner: stopped at robot step {learner.step}; checkpoint {learner.last_checkpoint}", flush=True)
+    return 0
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""Fine-tuning beside the node: the transition ring, candidate validation, the atomic swap, rollback,
+and the whole loop over DDS against the sim robot with a real learner process (which is then killed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from q2real.configs.loader import ConfigError, load
+from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.deploy_ros.finetune import FineTuning
+from q2real.deploy_ros.node import PolicyNode
+from q2real.deploy_ros.session import deploy
+from q2real.deploy_ros.settings import FinetuneSettings, NodeConfig
+from q2real.deploy_ros.transitions import CANDIDATE, CHANGED, ROLLBACK, RUN, TransitionRing, version_name
+from tests.conftest import FIXTURE_RUN
+from tests.deploy_ros.conftest import export_fresh_agent
+
+
+def _ring(tmp_path: Path, capacity: int = 8) -> TransitionRing:
+    return TransitionRing(tmp_path / "ring", capacity, obs_dim=3, action_dim=1, joints=1, create=True)
+
+
+def _append(ring: TransitionRing, tick: int, version: int = 0, flags: int = RUN) -> None:
+    ring.append(tick, np.full(3, tick), np.array([0.5]), np.array([0.1]), np.array([0.2]), version, flags)
+
+
+def test_the_learner_reads_every_row_in_order_while_it_keeps_up(tmp_path: Path) -> None:
+    writer = _ring(tmp_path)
+    reader = TransitionRing(tmp_path / "ring")
+    assert (reader.capacity, reader.obs_dim, reader.action_dim, reader.joints) == (8, 3, 1, 1)
+    seen, at = [], 0
+    for tick in range(30):
+        _append(writer, tick)
+        if tick % 5 == 4:
+            rows, at = reader.read(at)
+            seen += rows["tick"].tolist()
+    assert seen == list(range(30)) and reader.dropped == 0
+    _append(writer, 30)
+    assert reader.read(at)[0]["obs"].tolist() == [[30.0, 30.0, 30.0]]
+
+
+def test_rows_overwritten_before_they_were_read_are_counted_and_never_returned(tmp_path: Path) -> None:
+    writer = _ring(tmp_path)
+    reader = TransitionRing(tmp_path / "ring")
+    for tick in range(20):
+        _append(writer, tick)
+    rows, at = reader.read(0)
+    assert rows["tick"].tolist() == list(range(12, 20)) and at == 20
+    assert reader.dropped == 12
+    rows, at = reader.read(at, limit=3)
+    assert len(rows) == 0 and at == 20
+
+
+def test_rewards_go_back_to_the_node_with_each_rows_version(tmp_path: Path) -> None:
+    ring = _ring(tmp_path)
+    for tick in range(6):
+        _append(ring, tick, version=tick // 3)
+    ring.write_rewards(2, np.array([0.5, 0.25, np.nan], dtype=np.float32))
+    rewards, versions, rewarded = ring.rewards_since(0)
+    assert rewarded == 5 and versions.tolist() == [0, 0, 0, 1, 1]
+    assert rewards[2:4].tolist() == [0.5, 0.25] and math.isnan(rewards[4])
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("finetune.noise_bound=0.8", "finetune.noise_bound"),
+        ("finetune.noise_std=-0.1", "finetune.noise_std"),
+        ("finetune.window=5", "finetune.window"),
+        ("finetune.parity_tolerance=nan", "finetune.parity_tolerance"),
+        ("finetune.publish_every=0", "finetune.publish_every"),
+        ("finetune.learner=[run=/elsewhere]", "finetune.learner"),
+        ("finetune.learner=[total_steps=5]", "finetune.learner"),
+        ("finetune.learner=[actor_start]", "finetune.learner"),
+    ],
+)
+def test_fine_tuning_settings_are_range_checked_by_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load(NodeConfig, None, ["finetune.run=somewhere", override])
+
+
+@settings(max_examples=50, deadline=None)
+@given(action=st.lists(st.floats(-1, 1), min_size=1, max_size=4), std=st.floats(0, 0.5), bound=st.floats(0, 0.5))
+def test_exploration_noise_is_bounded_and_stays_in_the_action_range(action, std, bound) -> None:
+    tuning = FineTuning.__new__(FineTuning)
+    tuning.settings, tuning._rng = FinetuneSettings(noise_std=std, noise_bound=bound), np.random.default_rng(0)
+    action = np.array(action)
+    noisy = tuning.explore(action)
+    assert (np.abs(noisy - action) <= bound + 1e-12).all() and (np.abs(noisy) <= 1).all()
+
+
+# --- validation and swap, with the node's real bundle checks ---------------------------------------------
+@pytest.fixture()
+def tuning(pendulum_bundle: Path, tmp_path: Path):
+    node = PolicyNode(pendulum_bundle, NodeConfig(autostart=True, require_subscriber=False))
+    events: list[dict] = []
+    tuning = FineTuning(node, FinetuneSettings(run="unused", window=20), tmp_path / "ft", record=events.append)
+    tuning.events = events  # pyright: ignore[reportAttributeAccessIssue]
+    return tuning
+
+
+def _candidate(tuning: FineTuning, version: int, bundle: Path, probe_commands=None, obs=None) -> None:
+    """What the learner publishes: the bundle, a probe of its own outputs, the announcement."""
+    stem = tuning.directory / version_name(version)
+    target = stem.with_suffix(".onnx")
+    if bundle != target:
+        target.write_bytes(bundle.read_bytes())
+    obs = np.random.default_rng(version).normal(size=(16, 3)).astype(np.float32) if obs is None else obs
+    if probe_commands is None:
+        probe_commands = PolicyBundle(target)(obs)
+    np.savez(stem.with_suffix(".probe.npz"), obs=obs, commands=probe_commands)
+    announcement = {"version": version, "bundle": target.name, "probe": f"{stem.name}.probe.npz"}
+    (tuning.directory / CANDIDATE).write_text(json.dumps(announcement))
+
+
+def _export(tmp_path: Path, name: str, seed: int, edit=None) -> Path:
+    torch.manual_seed(seed)
+    return export_fresh_agent("pendulum_swingup", tmp_path / name, edit_agent=edit)
+
+
+def test_a_valid_candidate_is_swapped_in_at_a_tick_boundary(tuning: FineTuning, tmp_path: Path) -> None:
+    _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
+    lock_held = threading.Event()
+    with tuning.node._tick_lock:  # a tick in progress: the swap waits for its end
+        worker = threading.Thread(target=lambda: (tuning.check(), lock_held.set()))
+        worker.start()
+        time.sleep(0.3)
+        assert tuning.node.version == 0 and not lock_held.is_set()
+    worker.join(10)
+    assert tuning.node.version == 1 and tuning.counts.swaps == 1
+    assert [e["event"] for e in tuning.events] == ["swapped"]  # pyright: ignore[reportAttributeAccessIssue]
+    assert (tuning.directory / "v0000.onnx").is_file() and (tuning.directory / "v0001.onnx").is_file()
+
+
+def _nan_weights(agent) -> None:
+    for p in agent.actor.parameters():
+        p.data.fill_(math.nan)
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        ("nan", "non-finite or out-of-range commands"),
+        ("parity", "parity"),
+        ("robot", "metadata.robot differs"),
+        ("truncated", "onnxruntime cannot load it"),
+        ("probe_shape", "expected obs"),
+        ("probe_nan", "non-finite values"),
+        ("old", "not newer"),
+        ("announcement", "Expecting value"),
+    ],
+)
+def test_a_bad_candidate_is_refused_counted_and_never_runs(
+    tuning: FineTuning, tmp_path: Path, cartpole_bundle: Path, case: str, reason: str
+) -> None:
+    good = _export(tmp_path, "good.onnx", seed=1)
+    if case == "nan":
+        _candidate(tuning, 1, _export(tmp_path, "nan.onnx", 2, _nan_weights), probe_commands=np.zeros((16, 1)))
+    elif case == "parity":
+        _candidate(tuning, 1, good, probe_commands=PolicyBundle(good)(np.zeros((16, 3), np.float32)) + 0.5)
+    elif case == "robot":
+        obs = np.zeros((16, 5), np.float32)
+        _candidate(tuning, 1, cartpole_bundle, obs=obs)
+    elif case == "truncated":
+        (tmp_path / "cut.onnx").write_bytes(good.read_bytes()[:2000])
+        _candidate(tuning, 1, tmp_path / "cut.onnx", probe_commands=np.zeros((16, 1)))
+    elif case == "probe_shape":
+        _candidate(tuning, 1, good, probe_commands=np.zeros((15, 1)))
+    elif case == "probe_nan":
+        _candidate(tuning, 1, good, obs=np.full((16, 3), np.nan, np.float32), probe_commands=np.zeros((16, 1)))
+    elif case == "old":
+        tuning.node.version = 3
+        _candidate(tuning, 2, good)
+    else:
+        (tuning.directory / CANDIDATE).write_text('{"version": 1, "bundle": ')
+    running = tuning.node.bundle
+    tuning.check()
+    assert tuning.node.bundle is running and tuning.counts.refused == 1 and tuning.counts.swaps == 0
+    (event,) = tuning.events  # pyright: ignore[reportAttributeAccessIssue]
+    assert event["event"] == "refused" and reason in event["detail"], event
+    tuning.check()  # the same announcement is judged once
+    assert tuning.counts.refused == 1
+
+
+def _run_ticks(tuning: FineTuning, count: int, reward: float, changed: float = 0.0) -> None:
+    """`count` ticks in RUN under the running version, rewarded as the learner would."""
+    ring, start = tuning.ring, tuning.ring.head
+    for i in range(count):
+        flags = RUN | (CHANGED if i < changed * count else 0)
+        ring.append(start + i, np.zeros(3), np.zeros(1), np.zeros(1), np.zeros(1), tuning.node.version, flags)
+    ring.write_rewards(start, np.full(count, reward, dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    "after, changed, outcome",
+    [(0.5, 0.0, "accepted"), (0.2, 0.0, "rolled_back"), (0.5, 0.5, "rolled_back"), (math.nan, 0.0, "rolled_back")],
+)
+def test_a_version_on_trial_is_judged_against_the_window_before_it(
+    tuning: FineTuning, tmp_path: Path, after: float, changed: float, outcome: str
+) -> None:
+    _run_ticks(tuning, 20, reward=0.4)
+    _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
+    tuning.check()
+    assert tuning.node.version == 1 and tuning.trial is not None
+    _run_ticks(tuning, 10, reward=after, changed=changed)
+    tuning.check()  # half a window: no verdict yet
+    assert tuning.trial is not None
+    _run_ticks(tuning, 10, reward=after, changed=changed)
+    tuning.check()
+    assert tuning.trial is None and tuning.events[-1]["event"] == outcome  # pyright: ignore[reportAttributeAccessIssue]
+    if outcome == "accepted":
+        assert tuning.node.version == 1 and tuning.good_version == 1
+    else:
+        assert tuning.node.version == 0 and tuning.counts.rollbacks == 1
+        assert json.loads((tuning.directory / ROLLBACK).read_text())["refused"] == 1
+
+
+def test_losing_the_learner_rolls_back_a_version_on_trial_and_the_node_keeps_running(
+    tuning: FineTuning, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    tuning.learner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
+    tuning.check()
+    assert tuning.node.version == 1
+    tuning.learner.send_signal(signal.SIGKILL)
+    tuning.learner.wait()
+    tuning.check()
+    kinds = [e["event"] for e in tuning.events]  # pyright: ignore[reportAttributeAccessIssue]
+    assert kinds == ["swapped", "learner_exited", "rolled_back"] and tuning.node.version == 0
+    _candidate(tuning, 2, _export(tmp_path, "later.onnx", seed=2))
+    tuning.check()  # nobody judges a candidate any more: none is taken
+    assert tuning.node.version == 0
+
+
+# --- the whole loop ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_fine_tuning_over_dds_swaps_versions_keeps_its_deadlines_and_survives_the_learners_death(
+    tmp_path: Path,
+) -> None:
+    """The committed trained run, deployed on the sim robot with a weaker actuator: the learner
+    process publishes, the node swaps; then the learner is killed (SIGKILL) and the node runs on."""
+    config = load(
+        NodeConfig,
+        None,
+        [
+            "autostart=true",
+            f"finetune.run={FIXTURE_RUN}",
+            f"finetune.directory={tmp_path / 'ft'}",
+            "finetune.publish_every=2",
+            "finetune.window=200",
+            "finetune.learner=[warmup_steps=100,actor_start=300,log.interval_steps=200]",
+            f"record={tmp_path / 'bag'}",
+        ],
+    )
+    stop = threading.Event()
+    killed: list[float] = []
+
+    def kill_learner_after_a_swap() -> None:
+        ready = tmp_path / "ft" / "learner.ready"
+        while not stop.is_set() and not (tmp_path / "ft" / "v0002.onnx").is_file():
+            time.sleep(0.2)
+        if ready.is_file():
+            os.kill(json.loads(ready.read_text())["pid"], signal.SIGKILL)
+            killed.append(time.monotonic())
+
+    threading.Thread(target=kill_learner_after_a_swap, daemon=True).start()
+    shift = ["--shift", "actuator_gain_scale=0.5", "--shift-at", "2", "--reset-every", "8", "--reset-spread", "3"]
+    summary = deploy(FIXTURE_RUN / "policy.onnx", config, sim=True, duration=40.0, status_every=None, sim_extra=shift)
+    stop.set()
+    assert killed, "the learner never published a second version"
+    tuned = summary.finetune
+    assert tuned is not None and tuned["learner_exit"] == -signal.SIGKILL
+    assert tuned["swaps"] >= 1 and tuned["refused"] == 0, tuned
+    # The loop kept its period and its latency budget beside the learner, before and after its death.
+    period = 0.02
+    assert summary.ticks >= 0.9 * 40.0 / period
+    assert summary.mode == "ESTOP"  # the final command; it was RUN until the end:
+    assert summary.run_ticks >= 0.85 * 40.0 / period
+    assert summary.loop_deadline_misses <= 0.01 * summary.ticks
+    assert summary.shield_counters.get("DEADLINE_MISS", 0) == 0
+    assert summary.latency_p99_ms < 0.5 * period * 1000
+    from rosbags.highlevel import AnyReader
+
+    with AnyReader([tmp_path / "bag"]) as reader:
+        connections = [c for c in reader.connections if c.topic.endswith("/policy_version")]
+        events = [json.loads(reader.deserialize(raw, c.msgtype).data) for c, _, raw in reader.messages(connections)]
+    kinds = [e["event"] for e in events]
+    assert "swapped" in kinds and "learner_exited" in kinds, kinds
+    assert len(list((tmp_path / "ft").glob("v*.onnx"))) >= 3  # v0000 (deployed), v0001, v0002, ...
+
+
+@pytest.mark.slow
+def test_a_learner_that_cannot_start_stops_the_deploy_with_its_reason(tmp_path: Path) -> None:
+    config = load(
+        NodeConfig,
+        None,
+        ["autostart=true", f"finetune.run={FIXTURE_RUN}", f"finetune.directory={tmp_path / 'ft'}",
+         "finetune.learner=[actor_strat=10]"],
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="actor_strat"):
+        deploy(FIXTURE_RUN / "policy.onnx", config, sim=True, duration=5.0, status_every=None)
