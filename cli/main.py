@@ -78,8 +78,9 @@ def _rollout(args: argparse.Namespace) -> int:
 
 
 def job_kind(preset: str | None, overrides: list[str]) -> str:
-    """Which training job a preset and overrides describe: `bc` (algo=bc), `residual` (a `residual`
-    section: residual RL or RL from demonstrations) or `rl` (the off-policy learners)."""
+    """Which training job a preset and overrides describe: `bc` (algo=bc), `stream` (algo=stream_ac, the
+    streaming learner), `residual` (a `residual` section: residual RL or RL from demonstrations) or
+    `rl` (the off-policy learners)."""
     from q2real.configs.loader import preset_path
 
     data = {}
@@ -87,8 +88,9 @@ def job_kind(preset: str | None, overrides: list[str]) -> str:
         loaded = yaml.safe_load(preset_path(preset).read_text())
         data = loaded if isinstance(loaded, dict) else {}
     parsed = parse_overrides(overrides)
-    if parsed.get("algo", data.get("algo")) == "bc":
-        return "bc"
+    algo = parsed.get("algo", data.get("algo"))
+    if algo in ("bc", "stream_ac"):
+        return "bc" if algo == "bc" else "stream"
     return "residual" if "residual" in parsed or "residual" in data else "rl"
 
 
@@ -130,17 +132,18 @@ def _train(args: argparse.Namespace) -> int:
     kind = job_kind(preset, args.overrides)
     if kind == "bc":
         return _train_bc(args, preset)
-    if kind == "residual":
-        from q2real.residual.train import ResidualTrainConfig, ResidualTrainer
+    from q2real.agents.stream.train import StreamTrainConfig, StreamTrainer
+    from q2real.residual.train import ResidualTrainConfig, ResidualTrainer
 
-        config = load(ResidualTrainConfig, preset, args.overrides)
-    else:
-        config = load(TrainConfig, preset, args.overrides)
+    job = {"residual": ResidualTrainConfig, "stream": StreamTrainConfig}.get(kind, TrainConfig)
+    config = load(job, preset, args.overrides)
     if args.print_config:
         print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
         return 0
-    if kind == "residual":
-        trainer = ResidualTrainer(config, resume=resume)  # pyright: ignore[reportArgumentType]
+    if isinstance(config, ResidualTrainConfig):
+        trainer = ResidualTrainer(config, resume=resume)
+    elif isinstance(config, StreamTrainConfig):
+        trainer = StreamTrainer(config, resume=resume)
     else:
         trainer = Trainer(config, resume=resume)
     failed = _run_trainer(trainer, args)
@@ -148,7 +151,9 @@ def _train(args: argparse.Namespace) -> int:
         return failed
     print(f"checkpoint: {trainer.last_checkpoint}")
     success = f", success {trainer.last_eval_success:.2f}" if trainer.last_eval_success is not None else ""
-    limit = getattr(config.agent, "cost_limit", None)  # a constrained learner: its cost is half the result
+    limit = getattr(
+        getattr(config, "agent", None), "cost_limit", None
+    )  # a constrained learner: its cost is half the result
     cost = f", episode cost {trainer.last_eval_cost:.1f} (limit {limit})" if limit is not None else ""
     print(f"final evaluation: mean return {trainer.last_eval:.1f} over {config.eval_envs} episodes{success}{cost}")
     return 0

@@ -62,6 +62,8 @@ class StreamAC(nn.Module):
         self.value_optim = ObGD(self.value.parameters(), config.lr, config.gamma, config.lamda, config.kappa_value)
         self.actor_optim = ObGD(self.actor.parameters(), config.lr, config.gamma, config.lamda, config.kappa_policy)
         self._td = torch.zeros((), device=device)
+        self.updates = 0
+        """Transitions learned from (the loop's updates/s)."""
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
@@ -100,6 +102,7 @@ class StreamAC(nn.Module):
         objective.backward()
         self.actor_optim.step(delta, end)
         self._td = delta
+        self.updates += 1
 
     def metrics(self) -> dict[str, torch.Tensor]:
         return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from q2real.agents.common.checkpoint import load_checkpoint
 from q2real.agents.common.normalizer import ObsNormalizer
 from q2real.agents.stream.networks import StreamPolicy, sparse_init, sparse_mlp
 from q2real.agents.stream.obgd import ObGD
@@ -155,3 +157,29 @@ def test_stream_ac_settings_are_range_checked_by_key(key: str, value: object) ->
     config = StreamACConfig(**{key: value})  # pyright: ignore[reportArgumentType]
     failed = [name for holds, name, _ in config.checks() if not holds]
     assert failed == [key]
+
+
+def test_the_streaming_loop_trains_checkpoints_and_resumes_through_the_cli(tmp_path) -> None:
+    from q2real.cli.main import main
+
+    common = ["env.task_params.episode_length=100", "stream_ac.hidden=[16,16]", "eval_envs=2", "log.tensorboard=false"]
+    args = ["train", "algo=stream_ac", "total_steps=300", "log.interval_steps=100", *common]
+    assert main([*args, f"log.root={tmp_path}", "log.name=s"]) == 0
+    run = tmp_path / "s"
+    records = [line for line in (run / "metrics.jsonl").read_text().splitlines() if "td_error" in line]
+    assert len(records) == 3
+    state = load_checkpoint(run / "checkpoint.pt")
+    assert state["step"] == 300 and state["traces"]["value"]["traces"]
+    assert main(["train", "--resume", str(run), "total_steps=400"]) == 0
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 400
+
+
+def test_the_streaming_loop_takes_one_env_and_range_checked_settings() -> None:
+    from q2real.agents.stream.train import StreamTrainConfig
+    from q2real.configs.loader import ConfigError, load
+
+    with pytest.raises(ConfigError, match="env.num_envs: a streaming learner sees one stream"):
+        load(StreamTrainConfig, None, ["env.num_envs=4"])
+    with pytest.raises(ConfigError, match="stream_ac.lamda"):
+        load(StreamTrainConfig, None, ["stream_ac.lamda=2"])
