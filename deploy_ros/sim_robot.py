@@ -59,6 +59,10 @@ class SimRobotConfig:
     command_topic: str | None = None
     """None: the default topic of the command style's ros2_control controller."""
     command_timeout: float = 0.1
+    drive_rate: float = 500.0
+    """Hz at which the drives take the newest command (a ros2_control loop runs faster than the
+    policy): physics steps are at most 1/drive_rate s, and a command acts from the first step after it
+    arrives, so the node's latency, not a whole control period, separates a state from its command."""
     initial_qpos: dict[str, float] = field(default_factory=dict)
     """Joint name -> initial position; the others start at the spec's default pose (or 0)."""
     task: str | None = None
@@ -245,7 +249,8 @@ class SimRobot:
         self.world = world = SimWorld(spec, config)
         self.model, self.data, self.names = world.model, world.data, world.names
         self.period = 1.0 / config.rate if config.rate else spec.control_period
-        self.substeps = max(1, round(self.period / self.model.opt.timestep))
+        native = round(self.period / self.model.opt.timestep)
+        self.substeps = max(1, native, math.ceil(self.period * config.drive_rate - 1e-9))
         self.model.opt.timestep = self.period / self.substeps
         self.torque = spec.control_mode == "torque"
         if not self.torque:
@@ -272,8 +277,6 @@ class SimRobot:
         if world.object_body >= 0:
             writer = self.dds.writer(topics.object_pose, msg.PoseStamped, SENSOR_QOS)
             self.streams.append((_every(config.object_rate, dt), writer, world.object_message))
-        self.wake_every = math.gcd(*(every for every, _, _ in self.streams))
-        """Physics steps per wake-up: every stream's messages fall on one."""
         self.reader = self.dds.reader(topic, command_type, self._on_command)
         self.received = 0
         self.shifted = False
@@ -338,15 +341,15 @@ class SimRobot:
             mujoco.mj_forward(self.model, data)
 
     def run(self, stop: threading.Event, duration: float | None = None, parent: int | None = None) -> None:
-        """Publish each stream when due, apply the newest command each period and step, in real time.
+        """Publish each stream when due, apply the newest command and step, one physics step per wake-up,
+        in real time.
 
         With `parent` (a pid) it also stops once that process is gone: an orphan is reparented, so
         `os.getppid()` changes. Polled rather than PR_SET_PDEATHSIG, which is Linux-only and fires
         when the spawning thread exits, not the process (a node started from a worker thread).
         """
         model, data, world = self.model, self.data, self.world
-        wake, step = self.wake_every, 0
-        dt = wake * model.opt.timestep
+        step, dt = 0, model.opt.timestep
         start = next_at = time.monotonic()
         while not stop.is_set() and (duration is None or next_at - start < duration):
             if parent is not None and step % self.substeps == 0 and os.getppid() != parent:
@@ -362,11 +365,9 @@ class SimRobot:
                     writer.write(message(stamp))
             if step % self.substeps == 0:
                 self._perturb(now)
-                self._apply(now)
+            self._apply(now)
             mujoco.mj_step2(model, data)
-            if wake > 1:
-                mujoco.mj_step(model, data, nstep=wake - 1)
-            step += wake
+            step += 1
             next_at += dt
             delay = next_at - time.monotonic()
             if delay > 0:
@@ -383,6 +384,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=None, help="Hz (default: the spec's control rate)")
     parser.add_argument("--command-style", choices=("forward", "trajectory"), default="forward")
     parser.add_argument("--command-timeout", type=float, default=0.1)
+    parser.add_argument("--drive-rate", type=float, default=500.0, help="Hz at which the drives take commands")
     parser.add_argument("--initial", nargs="*", default=[], metavar="JOINT=VALUE", help="initial joint positions")
     parser.add_argument("--task", default=None, help="play this task's world (its objects) around the robot")
     parser.add_argument("--imu-rate", type=float, default=200.0, help="Hz of /imu/data")
@@ -405,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
         "--parent-pid", type=int, default=None, help="exit when this process dies (default: run standalone)"
     )
     args = parser.parse_args(argv)
-    for name in ("imu_rate", "object_rate"):
+    for name in ("imu_rate", "object_rate", "drive_rate"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')}: expected a rate > 0 Hz")
     for name in ("imu_noise", "imu_bias", "gantry", "shift_at", "reset_every", "reset_spread"):
@@ -418,6 +420,7 @@ def main(argv: list[str] | None = None) -> None:
         rate=args.rate,
         command_style=args.command_style,
         command_timeout=args.command_timeout,
+        drive_rate=args.drive_rate,
         initial_qpos=initial,
         task=args.task,
         imu_rate=args.imu_rate,
