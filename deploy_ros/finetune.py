@@ -11,9 +11,11 @@ exploration noise to the policy's action before the shield. A watcher thread, of
   candidate is counted, never run;
 - swaps a valid one in between two ticks and puts it on trial: after `window` ticks its mean reward
   per tick (computed by the learner from the joint states) and its share of ticks the shield had to
-  change are compared with the `window` ticks before it; worse by a margin, the node rolls back to the
-  last good version and tells the learner (which reloads that actor). One version is on trial at a
-  time; candidates published meanwhile wait, and the newest is taken next;
+  change are compared with the `window` ticks before it, all run by the last good version (after a
+  rollback the good version first runs a fresh window: the robot may have changed since it was
+  judged, so no older figure is a fair reference); worse by a margin, the node rolls back to the last
+  good version and tells the learner (which reloads that actor). One version is on trial at a time;
+  candidates published meanwhile wait, and the newest is taken next;
 - notices the learner's death: the node keeps running, on the last good version (a version on trial
   is rolled back, since nobody can judge it any more).
 
@@ -172,8 +174,10 @@ class FineTuning:
             "rollbacks": counts.rollbacks,
             "accepted": counts.accepted,
             "version": self.node.version,
+            "good_version": self.good_version,
             "learner_exit": self.learner.poll() if self.learner is not None else None,
             "directory": str(self.directory),
+            "events": list(counts.events),
         }
 
     # --- the watcher -----------------------------------------------------------------------------------
@@ -190,8 +194,17 @@ class FineTuning:
                 self._roll_back("the learner is gone, so the version on trial cannot be judged")
         if self.trial is not None:
             self._judge()
-        elif self.learner_alive:
+        elif self.learner_alive and self._baseline_ready():
             self._take_candidate()
+
+    def _baseline_ready(self) -> bool:
+        """A candidate is judged against the good version as it does now, on this robot: the last
+        `window` ticks must all have run it (after a rollback, a fresh window first)."""
+        window, head = self.settings.window, self.ring.head
+        if head < window:
+            return False
+        versions = self.ring.rows["version"][np.arange(head - window, head) % self.ring.capacity]
+        return bool((versions == self.node.version).all())
 
     def _take_candidate(self) -> None:
         path = self.directory / CANDIDATE

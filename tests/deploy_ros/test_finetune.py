@@ -108,6 +108,7 @@ def tuning(pendulum_bundle: Path, tmp_path: Path):
     events: list[dict] = []
     tuning = FineTuning(node, FinetuneSettings(run="unused", window=20), tmp_path / "ft", record=events.append)
     tuning.events = events  # pyright: ignore[reportAttributeAccessIssue]
+    _run_ticks(tuning, 20, reward=0.4)  # a window of the deployed version: the first trial's reference
     return tuning
 
 
@@ -182,6 +183,7 @@ def test_a_bad_candidate_is_refused_counted_and_never_runs(
         _candidate(tuning, 1, good, obs=np.full((16, 3), np.nan, np.float32), probe_commands=np.zeros((16, 1)))
     elif case == "old":
         tuning.node.version = 3
+        _run_ticks(tuning, 20, reward=0.4)
         _candidate(tuning, 2, good)
     else:
         (tuning.directory / CANDIDATE).write_text('{"version": 1, "bundle": ')
@@ -210,7 +212,6 @@ def _run_ticks(tuning: FineTuning, count: int, reward: float, changed: float = 0
 def test_a_version_on_trial_is_judged_against_the_window_before_it(
     tuning: FineTuning, tmp_path: Path, after: float, changed: float, outcome: str
 ) -> None:
-    _run_ticks(tuning, 20, reward=0.4)
     _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
     tuning.check()
     assert tuning.node.version == 1 and tuning.trial is not None
@@ -225,6 +226,13 @@ def test_a_version_on_trial_is_judged_against_the_window_before_it(
     else:
         assert tuning.node.version == 0 and tuning.counts.rollbacks == 1
         assert json.loads((tuning.directory / ROLLBACK).read_text())["refused"] == 1
+        # The next candidate is judged against the good version as it runs now: a fresh window first.
+        _candidate(tuning, 2, _export(tmp_path, "next.onnx", seed=2))
+        tuning.check()
+        assert tuning.node.version == 0
+        _run_ticks(tuning, 20, reward=0.3)
+        tuning.check()
+        assert tuning.node.version == 2
 
 
 def test_losing_the_learner_rolls_back_a_version_on_trial_and_the_node_keeps_running(
