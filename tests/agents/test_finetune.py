@@ -46,6 +46,7 @@ def test_the_handoff_carries_the_run_and_the_actor_waits_for_the_critic(tmp_path
     trainer = Finetuner(
         _config(tmp_path, "total_steps=600", "warmup_steps=200", "actor_start=400", "eval_every=0", "eval_envs=2")
     )
+    handed_over = trainer.agent.obs_norm.count.clone()
     actor = {k: v.clone() for k, v in trainer.agent.actor.state_dict().items()}
     critic = {k: v.clone() for k, v in trainer.agent.critic.state_dict().items()}
     states = []
@@ -62,6 +63,8 @@ def test_the_handoff_carries_the_run_and_the_actor_waits_for_the_critic(tmp_path
     assert any(not torch.equal(actor[k], after[k]) for k in actor), "the actor never moved after actor_start"
     assert any(not torch.equal(critic[k], v) for k, v in trainer.agent.critic.state_dict().items())
     assert trainer.step == 600 and trainer.agent.updates > 400  # the run's update count continued
+    assert handed_over > 10_000  # the batch run's statistics, continued by the robot's transitions:
+    assert torch.isclose(trainer.agent.obs_norm.count, handed_over + 600)
     meta = json.loads((trainer.path / "meta.json").read_text())
     assert meta["finetuned_from"] == str(FIXTURE_RUN.resolve())
     assert 0 in _evals(trainer.path), "the handed-over policy is evaluated before the first transition"
