@@ -1,0 +1,239 @@
+"""A nominally trained bundle on the sim robot, a dynamics shift, and fine-tuning on the robot's stream.
+
+The committed pendulum run (`tests/fixtures/pendulum_run`, SAC trained on nominal dynamics) is
+deployed with `q2real deploy --sim` on the sim robot, in real time over DDS loopback (50 Hz). The
+robot is knocked to a random angle every 10 s (the same seeded sequence in every run, so each 10 s is
+one swing-up episode), and `--shift-at` seconds after its first command its actuator loses half its
+gain (`actuator_gain_scale=0.5`). Three runs of the same length:
+
+  frozen      the bundle as deployed, no noise; the learner process runs but never moves the actor
+              (it only scores the ticks: the reward is computed the same way in both runs)
+  fine-tuned  `--finetune`: noise 0.3 bounded 0.5 (`--noise`; the node's default is 0.1 / 0.3), the
+              rest at its defaults: a version every 5 s once the actor moves (after 3000 transitions),
+              each judged over 1500 ticks against the 1500 before
+  no learner  plain deploy, for the node's tick latency without a learner beside it (shorter)
+
+On the robot, return is the mean reward per tick over 10 s windows times 500 (one episode), with
+the exploration noise in it. Every version the node swapped in is also evaluated offline, without
+noise, on 32 seeded episodes of the shifted simulator. Headline keys: `recovered_return_ratio` (the
+node's last good version, offline on the shifted dynamics ÷ the deployed bundle offline on nominal
+dynamics: the pre-shift level), beside `frozen_return_ratio` (the deployed bundle on the shifted
+dynamics ÷ the same), and `tick_p99_ratio_with_learner` (the fine-tuned run's tick latency p99 ÷ the
+no-learner run's). Prints a table, writes bench/results/finetune.json and finetune.png (both views),
+and prints the headline JSON as its last line. About 2 x `--duration` + 60 s + 2 s per version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from q2real.configs.loader import load
+from q2real.deploy_ros.session import deploy
+from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transitions import RING, RUN, TransitionRing
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_DIR = ROOT / "tests" / "fixtures" / "pendulum_run"
+RESULTS = Path(__file__).resolve().parent / "results"
+PERIOD = 0.02
+EPISODE = 10.0
+"""Seconds between two resets of the sim robot: one episode of the pendulum task (500 ticks)."""
+SHIFT = "actuator_gain_scale=0.5"
+
+
+def run(kind: str, duration: float, shift_at: float, root: Path, noise: tuple[float, float]) -> dict:
+    directory = root / kind
+    overrides = ["autostart=true"]
+    if kind != "no learner":
+        overrides += [f"finetune.run={RUN_DIR}", f"finetune.directory={directory}"]
+    if kind == "frozen":
+        overrides += ["finetune.noise_std=0", "finetune.learner=[actor_start=1000000000]"]
+    if kind == "fine-tuned":
+        overrides += [f"finetune.noise_std={noise[0]}", f"finetune.noise_bound={noise[1]}"]
+    config = load(NodeConfig, None, overrides)
+    shift = ["--shift", SHIFT, "--shift-at", str(shift_at), "--reset-every", str(EPISODE), "--reset-spread", "3.14159"]
+    began = time.monotonic()
+    summary = deploy(RUN_DIR / "policy.onnx", config, sim=True, duration=duration, status_every=None, sim_extra=shift)
+    row = {"kind": kind, "wall_s": time.monotonic() - began, "ticks": summary.ticks}
+    row |= {"p50_ms": summary.latency_p50_ms, "p99_ms": summary.latency_p99_ms}
+    row |= {
+        "loop_misses": summary.loop_deadline_misses,
+        "policy_misses": summary.shield_counters.get("DEADLINE_MISS", 0),
+    }
+    if kind == "no learner":
+        return row
+    ring = TransitionRing(directory / RING)
+    rows, _ = ring.read(0)
+    rewards, _, rewarded = ring.rewards_since(0)
+    rows = rows[:rewarded]  # rows after the learner's last reward were never scored
+    running = (rows["flags"] & RUN) > 0
+    # Tick 0 of the ring is the first joint state, within a tick of the first command: the sim robot's
+    # clock for its resets and the shift.
+    seconds = (rows["tick"] - rows["tick"][0]) * PERIOD
+    edges = np.arange(0.0, seconds.max(), EPISODE)
+    curve = []
+    for start in edges:
+        inside = running & (seconds >= start) & (seconds < start + EPISODE) & np.isfinite(rewards)
+        if inside.sum() > 0.8 * EPISODE / PERIOD:
+            curve.append((float(start), float(rewards[inside].mean() * EPISODE / PERIOD)))
+    row["curve"] = curve
+    row["finetune"] = summary.finetune
+    return row
+
+
+def window_return(curve: list[tuple[float, float]], start: float, end: float) -> float:
+    values = [r for t, r in curve if start <= t and t + EPISODE <= end]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def offline(bundle: Path, shifted: bool, episodes: int = 32) -> float:
+    """Mean return of `bundle` on 32 seeded episodes of the simulator, nominal or shifted."""
+    import torch
+
+    from q2real.agents.callbacks import evaluate
+    from q2real.agents.config import load_run_config
+    from q2real.deploy_ros.bundle import PolicyBundle
+    from q2real.sim import make
+
+    config = load_run_config(RUN_DIR)
+    gain = (0.5, 0.5) if shifted else (1.0, 1.0)
+    dynamics = dataclasses.replace(config.env.randomization, actuator_gain_scale=gain)
+    env = make(dataclasses.replace(config.env, num_envs=episodes, device="cpu", seed=777, randomization=dynamics))
+    runner = PolicyBundle(bundle)
+    try:
+        returns = evaluate(lambda obs: torch.from_numpy(runner.normalized(runner(obs.numpy()))), env, 777)
+    finally:
+        env.close()
+    return float(returns.mean())
+
+
+def version_returns(row: dict, directory: Path) -> list[dict]:
+    """Every version the node swapped in, with when (robot s), its verdict and its offline shifted return."""
+    events = row["finetune"]["events"]
+    kept = {e["version"] for e in events if e["event"] == "accepted"}
+    rolled = {int(e["detail"].split(":")[0].split()[1]) for e in events if e["event"] == "rolled_back"}
+    found = []
+    for event in events:
+        if event["event"] != "swapped":
+            continue
+        version = event["version"]
+        verdict = "kept" if version in kept else "rolled back" if version in rolled else "on trial at the end"
+        bundle = directory / f"v{version:04d}.onnx"
+        found.append(
+            {"version": version, "seconds": event["tick"] * PERIOD, "verdict": verdict, "return": offline(bundle, True)}
+        )
+    return found
+
+
+def plot(rows: dict[str, dict], shift_at: float, levels: dict[str, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for kind, color in (("frozen", "tab:gray"), ("fine-tuned", "tab:blue")):
+        t, r = zip(*rows[kind]["curve"], strict=True)
+        top.plot(np.array(t) + EPISODE / 2, r, marker="o", ms=3, color=color, label=kind)
+    top.set_ylabel("return per 10 s episode\n(on the robot, with noise)")
+    top.set_title("pendulum on the sim robot: nominal bundle, then half the actuator gain (dashed)")
+    versions = rows["fine-tuned"]["versions"]
+    for verdict, marker, color in (
+        ("kept", "o", "tab:blue"),
+        ("rolled back", "x", "tab:red"),
+        ("on trial at the end", "^", "tab:orange"),
+    ):
+        chosen = [v for v in versions if v["verdict"] == verdict]
+        if chosen:
+            bottom.plot([v["seconds"] for v in chosen], [v["return"] for v in chosen], marker, color=color,
+                        label=f"version swapped in, {verdict}")  # fmt: skip
+    bottom.axhline(levels["nominal"], color="k", ls=":", lw=1, label="deployed bundle, nominal dynamics")
+    bottom.axhline(levels["frozen"], color="tab:gray", lw=1, label="deployed bundle, shifted dynamics")
+    bottom.set_ylabel("offline return, shifted\n(32 seeded episodes)")
+    bottom.set_xlabel("robot time (s), 50 Hz")
+    for ax, where in ((top, "lower left"), (bottom, "upper left")):
+        ax.axvline(shift_at, color="tab:red", ls="--", lw=1)
+        ax.grid(alpha=0.3)
+        ax.legend(loc=where, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=330.0, help="seconds per run (real time)")
+    parser.add_argument("--shift-at", type=float, default=40.0, help="seconds after the first command")
+    parser.add_argument("--tail", type=float, default=60.0, help="seconds at the end the stream return is taken")
+    parser.add_argument("--noise", type=float, nargs=2, default=(0.3, 0.5), metavar=("STD", "BOUND"))
+    args = parser.parse_args()
+    rows: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, duration in (("no learner", 60.0), ("frozen", args.duration), ("fine-tuned", args.duration)):
+            print(f"{kind}: {duration:g} s on the sim robot ...", flush=True)
+            rows[kind] = run(kind, duration, args.shift_at, Path(tmp), tuple(args.noise))
+        tuned = rows["fine-tuned"]
+        tuned["versions"] = version_returns(tuned, Path(tmp) / "fine-tuned")
+        good = Path(tmp) / "fine-tuned" / f"v{tuned['finetune']['good_version']:04d}.onnx"
+        deployed = RUN_DIR / "policy.onnx"
+        levels = {"nominal": offline(deployed, False), "frozen": offline(deployed, True), "good": offline(good, True)}
+    end = args.duration
+    for kind in ("frozen", "fine-tuned"):
+        curve = rows[kind]["curve"]
+        # The first window holds the ramp to the default pose and is left out.
+        rows[kind] |= {
+            "pre_shift_return": window_return(curve, 0.0, args.shift_at),
+            "tail_return": window_return(curve, end - args.tail, end),
+        }
+    finetune = tuned["finetune"]
+    print(f"\n{'run':<12}{'pre-shift':>11}{'last ' + str(int(args.tail)) + ' s':>10}{'p50 ms':>8}{'p99 ms':>8}"
+          f"{'misses':>8}   (returns per 10 s episode on the robot, exploration noise included)")  # fmt: skip
+    for kind, row in rows.items():
+        cells = f"{row['pre_shift_return']:>11.1f}{row['tail_return']:>10.1f}" if kind != "no learner" else " " * 21
+        print(f"{kind:<12}{cells}{row['p50_ms']:>8.3f}{row['p99_ms']:>8.3f}{row['loop_misses']:>8}")
+    good_version = finetune["good_version"]
+    print(
+        f"\noffline, 32 seeded episodes: deployed bundle {levels['nominal']:.1f} nominal, {levels['frozen']:.1f} "
+        f"shifted; the node's last good version (v{good_version}) {levels['good']:.1f} shifted"
+    )
+    for v in tuned["versions"]:
+        print(
+            f"  v{v['version']:<4} swapped in at {v['seconds']:6.1f} s  {v['verdict']:<12} "
+            f"offline shifted {v['return']:.1f}"
+        )
+    print(
+        f"fine-tuning: {finetune['swaps']} versions swapped in, {finetune['accepted']} accepted, "
+        f"{finetune['rollbacks']} rolled back, {finetune['refused']} refused; robot time after the shift "
+        f"{end - args.shift_at:g} s"
+    )
+    headline = {
+        "recovered_return_ratio": levels["good"] / levels["nominal"],
+        "frozen_return_ratio": levels["frozen"] / levels["nominal"],
+        "best_version_return_ratio": max((v["return"] for v in tuned["versions"]), default=float("nan"))
+        / levels["nominal"],
+        "stream_tail_ratio_finetuned": rows["fine-tuned"]["tail_return"] / rows["frozen"]["pre_shift_return"],
+        "stream_tail_ratio_frozen": rows["frozen"]["tail_return"] / rows["frozen"]["pre_shift_return"],
+        "tick_p99_ratio_with_learner": rows["fine-tuned"]["p99_ms"] / rows["no learner"]["p99_ms"],
+        "tick_p99_ms_with_learner": rows["fine-tuned"]["p99_ms"],
+        "tick_p99_ms_without_learner": rows["no learner"]["p99_ms"],
+        "loop_deadline_misses_with_learner": rows["fine-tuned"]["loop_misses"],
+        "robot_seconds_after_shift": end - args.shift_at,
+        "versions_swapped": finetune["swaps"],
+        "rollbacks": finetune["rollbacks"],
+    }
+    RESULTS.mkdir(exist_ok=True)
+    for row in rows.values():
+        row.pop("final_bundle", None)
+    (RESULTS / "finetune.json").write_text(json.dumps(headline | {"levels": levels, "runs": rows}, indent=2))
+    plot(rows, args.shift_at, levels, RESULTS / "finetune.png")
+    print(json.dumps(headline))
+
+
+if __name__ == "__main__":
+    main()
