@@ -65,7 +65,7 @@ class RobotLearner(Finetuner):
             )
         self.task = task
         model = task.model
-        self._qpos0 = torch.tensor(model.qpos0, dtype=torch.float32)
+        self._qpos0 = torch.tensor(model.qpos0, dtype=torch.float32, device=self.env.device)
         self._nv, self._nsensor = model.nv, model.nsensordata
         self.callbacks = [c for c in self.callbacks if not isinstance(c, (EvalCallback, HandoffEval))]
         self.callbacks.append(Publisher())
@@ -81,10 +81,11 @@ class RobotLearner(Finetuner):
             self._fill()
         obs, action, reward, next_obs, terminated = self._pending.popleft()
         self._since_episode += 1
-        truncated = torch.tensor([self._since_episode >= self.task.config.episode_length])
-        if truncated[0]:
+        cut = self._since_episode >= self.task.config.episode_length
+        if cut:
             self._since_episode = 0
-        result = StepResult(next_obs, next_obs, reward, terminated, truncated & ~terminated, torch.zeros(1))
+        truncated = torch.full((1,), cut, device=self.env.device) & ~terminated
+        result = StepResult(next_obs, next_obs, reward, terminated, truncated, torch.zeros(1, device=self.env.device))
         self.finite.record({"robot next_obs": result.next_obs, "robot reward": result.reward}, self.step)
         self.replay.add(obs, action, result)
         self.sampler.on_add(self.replay)
@@ -114,13 +115,14 @@ class RobotLearner(Finetuner):
         rewards = np.full(len(before), np.nan, dtype=np.float32)  # no transition starts at an unpaired row
         if pair.any():
             before, after = before[pair], after[pair]
-            obs = torch.from_numpy(before["obs"].astype(np.float32))
-            action = torch.from_numpy(before["action"].astype(np.float32)).clamp(-1.0, 1.0)
-            next_obs = torch.from_numpy(after["obs"].astype(np.float32))
+            device = self.env.device  # one copy per batch of rows: the robot's data arrive on the host
+            obs = torch.from_numpy(before["obs"].astype(np.float32)).to(device)
+            action = torch.from_numpy(before["action"].astype(np.float32)).to(device).clamp(-1.0, 1.0)
+            next_obs = torch.from_numpy(after["obs"].astype(np.float32)).to(device)
             physics = self._physics(after["q"], after["qd"])
             reward = self.task.reward(physics, action)
             terminated = self.task.terminated(physics)
-            rewards[pair] = reward.numpy()
+            rewards[pair] = reward.cpu().numpy()
             for i in range(len(reward)):
                 self._pending.append(
                     (obs[i : i + 1], action[i : i + 1], reward[i : i + 1], next_obs[i : i + 1], terminated[i : i + 1])
@@ -129,12 +131,12 @@ class RobotLearner(Finetuner):
 
     def _physics(self, q: np.ndarray, qd: np.ndarray) -> PhysicsState:
         """The task's view of the robot after the action: its joints, the rest of the model at rest."""
-        n = len(q)
+        n, device = len(q), self.env.device
         qpos = self._qpos0.repeat(n, 1)
-        qvel = torch.zeros(n, self._nv)
-        qpos[:, self.task.qpos_index] = torch.from_numpy(q.astype(np.float32))
-        qvel[:, self.task.qvel_index] = torch.from_numpy(qd.astype(np.float32))
-        return PhysicsState(qpos, qvel, torch.zeros(n, self._nsensor))
+        qvel = torch.zeros(n, self._nv, device=device)
+        qpos[:, self.task.qpos_index] = torch.from_numpy(q.astype(np.float32)).to(device)
+        qvel[:, self.task.qvel_index] = torch.from_numpy(qd.astype(np.float32)).to(device)
+        return PhysicsState(qpos, qvel, torch.zeros(n, self._nsensor, device=device))
 
     # --- versions --------------------------------------------------------------------------------------
     def save_actor(self, version: int) -> None:

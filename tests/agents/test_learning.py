@@ -87,8 +87,11 @@ def test_chunked_sac_learns_the_sparse_cartpole(tmp_path: Path) -> None:
 def test_sac_lag_keeps_the_slider_cost_of_cartpole_under_its_limit(tmp_path: Path) -> None:
     """The shipped preset: swing-up with each step more than 0.36 m off centre costing 1, 25 allowed per
     500-step episode. Plain SAC with these settings (seed 0) ended at an evaluation cost of 43; SAC-Lag
-    at 0, its multiplier rising while the training episodes ran over the limit."""
-    trainer = train(load(TrainConfig, "sac_lag_cartpole_slider", ["checkpoint_every=0", f"log.root={tmp_path}"]))
+    at 0, its multiplier rising while the training episodes ran over the limit. When the constraint is
+    met depends on the machine's float kernels: at 30k env steps on one CPU, at 35k on another (where it
+    was still at 71 at 30k, the multiplier at 9.8 and rising), so the budget is 40k."""
+    overrides = ["total_steps=40000", "checkpoint_every=0", f"log.root={tmp_path}"]
+    trainer = train(load(TrainConfig, "sac_lag_cartpole_slider", overrides))
     assert trainer.last_eval_cost is not None and trainer.last_eval_cost <= 25.0, trainer.last_eval_cost
     assert isinstance(trainer.agent, SACLag)
     assert float(trainer.agent.lagrange.value) > 0  # the constraint was active, not trivially met
