@@ -70,8 +70,6 @@ class Trial:
     version: int
     start: int
     """Ring row at which it took over."""
-    previous: PolicyBundle
-    previous_version: int
 
 
 @dataclass
@@ -229,11 +227,11 @@ class FineTuning:
             self.counts.refused += 1
             self._event("refused", version, f"version {version} is not newer than the running {self.node.version}")
             return
-        previous, previous_version = self.node.bundle, self.node.version
+        previous = self.node.version
         self.node.swap(bundle, version)
-        self.trial = Trial(version, self.ring.head, previous, previous_version)
+        self.trial = Trial(version, self.ring.head)
         self.counts.swaps += 1
-        self._event("swapped", version, f"from version {previous_version}")
+        self._event("swapped", version, f"from version {previous}")
 
     def validate(self, bundle_path: Path, probe_path: Path) -> PolicyBundle:
         """The candidate as a bundle the node may run, or a BundleError saying why not."""
