@@ -122,7 +122,7 @@ class LogCallback(Callback):
 
     def on_start(self, trainer: Trainer) -> None:
         cfg = trainer.config
-        total = math.ceil(cfg.total_steps / trainer.env.num_envs) * trainer.env.num_envs
+        total = math.ceil(cfg.total_steps / trainer.envs_per_iteration) * trainer.envs_per_iteration
         self.progress = Progress(total, f"{cfg.algo} on {cfg.env.task}")
         self.progress.done = trainer.step
         self._last_step, self._last_time, self._last_updates = trainer.step, time.monotonic(), trainer.agent.updates
@@ -130,7 +130,7 @@ class LogCallback(Callback):
 
     def on_iteration(self, trainer: Trainer) -> None:
         shown = self.log(trainer) if self._schedule.due(trainer.step) else {}
-        self.progress.update(trainer.env.num_envs, **shown)
+        self.progress.update(trainer.envs_per_iteration, **shown)
 
     def log(self, trainer: Trainer) -> dict[str, float]:
         now = time.monotonic()

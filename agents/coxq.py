@@ -147,7 +147,7 @@ class COXQ(SACLag):
         if not self._explored:  # random warm-up actions say nothing about the exploration's cost
             return
         cfg = self.config
-        self.step_cost.lerp_(result.cost.mean(), cfg.training_cost_rate)
+        self.step_cost.lerp_(self.gather(result.cost).mean(), cfg.training_cost_rate)
         over = (cfg.limit_horizon * self.step_cost - self.budget) / max(self.budget, 1.0)
         self.delta.copy_((self.delta - cfg.trust_region_lr * over).clamp(cfg.trust_region_min, cfg.trust_region_max))
         self._explored = False

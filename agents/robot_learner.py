@@ -92,7 +92,7 @@ class RobotLearner(Finetuner):
         self.agent.observe(result)
         self.episodes.update(result)
         self.obs = next_obs
-        self.step += 1
+        self.step += self.envs_per_iteration  # one robot
         self.iteration += 1
 
     def _fill(self) -> None:

@@ -108,7 +108,7 @@ class SAC(ActorCritic):
     def after_actor_step(self) -> None:
         self.alpha_optim.zero_grad(set_to_none=True)
         assert self._alpha_loss is not None, "after_actor_step runs after actor_loss"
-        self._alpha_loss.backward()
+        self.backward(self._alpha_loss, [self.log_alpha])
         self.alpha_optim.step()
 
     def on_step(self, result: StepResult) -> None:

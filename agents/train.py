@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from q2real.agents.callbacks import (
     evaluate_episodes,
 )
 from q2real.agents.common.actor_critic import ActorCritic
-from q2real.agents.common.checkpoint import CHECKPOINT, save_checkpoint
+from q2real.agents.common.checkpoint import CHECKPOINT, CheckpointError, save_checkpoint
 from q2real.agents.common.episodes import EpisodeTracker
 from q2real.agents.common.guard import FiniteFlags, check_finite, parameters_of
 from q2real.agents.common.metrics import MetricLogger
@@ -35,9 +36,11 @@ from q2real.agents.common.run_dir import RunDir
 from q2real.agents.common.samplers import UniformSampler, make_sampler
 from q2real.agents.common.threads import ThreadTuner
 from q2real.agents.config import TrainConfig
+from q2real.agents.distributed import PREVIOUS_CHECKPOINT, SEED_STRIDE, DataParallel, Ranks, rank_dir
 from q2real.agents.learners import build_agent
 from q2real.agents.pql import LearnerJob, ParallelLearners
 from q2real.agents.training_state import restore, training_state
+from q2real.configs.loader import ConfigError
 from q2real.sim import EnvConfig, VecEnv, make
 
 
@@ -46,15 +49,34 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, callbacks: Sequence[Callback] = (), resume: Path | None = None):
         config.validate()
+        self.ranks = ranks = Ranks.launched()
+        """This process's rank in a torchrun job (None when it trains alone)."""
+        self.parallel_data: DataParallel | None = None
+        if ranks is not None:
+            if config.pql.enabled:
+                raise ConfigError(
+                    "pql.enabled: Parallel Q-Learning cannot run under torchrun: its learner processes step "
+                    "their own optimizers concurrently with collection, so no all-reduce can keep ranks in "
+                    "step; train PQL in one process (it already spreads over the cores)"
+                )
+            env = dataclasses.replace(
+                config.env, seed=config.env.seed + ranks.rank * SEED_STRIDE, device=ranks.device(config.env.device)
+            )
+            config = dataclasses.replace(config, env=env)
+            self.parallel_data = DataParallel(ranks, torch.device(env.device))
         self.config = config
         self._torch_threads = torch.get_num_threads()  # restored after the run: the setting is process-wide
         torch.manual_seed(config.env.seed)
         self.env = self.make_env(config.env)
+        self.envs_per_iteration = self.env.num_envs * (ranks.world if ranks is not None else 1)
+        """Env steps one iteration adds to `step`: every rank's envs."""
         self.threads = self._thread_policy()
         self.eval_env = self.make_env(
             dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000)
         )
         self.agent = self.build_agent()
+        if self.parallel_data is not None:
+            self.parallel_data.attach(self.agent)
         self.replay = ReplayStorage(
             config.replay_capacity, self.env.num_envs, self.env.obs_dim, self.env.action_dim, self.env.device
         )
@@ -82,18 +104,32 @@ class Trainer:
         elapsed = 0.0
         if resume is not None:
             try:
-                elapsed = restore(self, resume / CHECKPOINT)
-                self.last_checkpoint = resume / CHECKPOINT
+                elapsed = self._restore(Path(resume))
             except BaseException:
                 self.env.close()
                 self.eval_env.close()
                 raise
-        self.run_dir = RunDir(config, config.log, config.env.task, resume=resume)
+        if ranks is None or ranks.leader:
+            self.run_dir = RunDir(config, config.log, config.env.task, resume=resume)
+            if ranks is not None:
+                self.run_dir.update_meta(ranks=ranks.world)
+            log = config.log
+            # Every rank's checkpoint is collective; only the leader logs, evaluates and runs the caller's callbacks.
+            builtin: list[Callback] = [CheckpointCallback(), LogCallback(), EvalCallback()]
+            callbacks = [*builtin, *callbacks]
+        else:
+            assert self.parallel_data is not None
+            leader_path = Path(str(self.parallel_data.from_leader(None)))
+            log = dataclasses.replace(config.log, tensorboard=False, wandb="off")
+            self.run_dir = RunDir(config, log, config.env.task, resume=leader_path / rank_dir(ranks.rank))
+            callbacks = [CheckpointCallback()]
+        if ranks is not None and ranks.leader:
+            assert self.parallel_data is not None
+            self.parallel_data.from_leader(str(self.run_dir.path))
         self.path = self.run_dir.path
         self.run_dir.update_meta(threads=self.thread_summary())
-        self.logger = MetricLogger(self.run_dir, config.log, elapsed=elapsed)
-        builtin = [LogCallback(), EvalCallback(), CheckpointCallback()]
-        self.callbacks = [*builtin, *callbacks]
+        self.logger = MetricLogger(self.run_dir, log, elapsed=elapsed)
+        self.callbacks = callbacks
 
     # --- pieces a training job built on this loop may replace ----------------------------------------
     def make_env(self, env_config: EnvConfig) -> VecEnv:
@@ -128,7 +164,7 @@ class Trainer:
             self.chunks.clear(result.done)
         self.episodes.update(result)
         self.obs = result.obs
-        self.step += env.num_envs
+        self.step += self.envs_per_iteration
         self.iteration += 1
 
     def learn(self) -> None:
@@ -175,25 +211,30 @@ class Trainer:
         return dict(zip(values, torch.stack(list(values.values())).tolist(), strict=True))
 
     def run(self) -> Path:
-        iterations = math.ceil(self.config.total_steps / self.env.num_envs)
+        iterations = math.ceil(self.config.total_steps / self.envs_per_iteration)
         try:
             if self.config.pql.enabled:
                 self.parallel = self._parallel_learners().start()
             for callback in self.callbacks:
                 callback.on_start(self)
-            try:
-                while self.iteration < iterations:
-                    self.collect()
-                    if self.parallel is not None:
-                        self.parallel.after_collect(self.iteration)
-                    else:
-                        self.learn()
-                        if self.threads is not None and self.step >= self.config.warmup_steps:
-                            self.threads.step()
+            while self.iteration < iterations:
+                self.collect()
+                if self.parallel is not None:
+                    self.parallel.after_collect(self.iteration)
+                else:
+                    self.learn()
+                    if self.threads is not None and self.step >= self.config.warmup_steps:
+                        self.threads.step()
+                stop = False
+                try:
                     for callback in self.callbacks:
                         callback.on_iteration(self)
-            except StopTraining:
-                pass
+                except StopTraining:
+                    stop = True
+                if self.parallel_data is not None:
+                    stop = self.parallel_data.any(stop)  # every rank ends at the same iteration
+                if stop:
+                    break
             for callback in self.callbacks:
                 callback.on_end(self)
         except KeyboardInterrupt:
@@ -207,6 +248,8 @@ class Trainer:
             self.logger.close()
             self.env.close()
             self.eval_env.close()
+            if self.parallel_data is not None:
+                self.parallel_data.close()
         return self.path
 
     def _thread_policy(self) -> ThreadTuner | None:
@@ -215,6 +258,9 @@ class Trainer:
         config = self.config
         if config.threads:
             torch.set_num_threads(config.threads)
+        elif self.ranks is not None:
+            # Ranks on one host share its cores; tuning each alone would have them fight over all of them.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.ranks.local_world))
         elif config.pql.enabled:
             torch.set_num_threads(1)
         elif self.env.device.type == "cpu" and self._torch_threads >= 2:
@@ -226,6 +272,7 @@ class Trainer:
         if self.threads is not None:
             return self.threads.summary()
         policy = "fixed" if self.config.threads else "pql" if self.config.pql.enabled else "torch default"
+        policy = "per rank" if self.ranks is not None and not self.config.threads else policy
         return {"policy": policy, "chosen": torch.get_num_threads()}
 
     def _parallel_learners(self) -> ParallelLearners:
@@ -259,12 +306,47 @@ class Trainer:
             return self._save_checkpoint()
 
     def _save_checkpoint(self) -> Path:
+        """Under torchrun every rank writes its own (rank 0 in the run directory, rank r in `rank<r>/`),
+        rank 0 last: until it has, each other rank keeps its previous file beside the new one, so a crash
+        between the writes leaves a set of one step to resume from."""
         self.check_window()  # a checkpoint never captures a window that went non-finite
         check_finite(parameters_of(self.agent, "parameter"), self.step, self.last_checkpoint)
         path = self.path / CHECKPOINT
-        save_checkpoint(path, training_state(self))
+        state = training_state(self)
+        if self.parallel_data is None or self.ranks is None:
+            save_checkpoint(path, state)
+        else:
+            if not self.ranks.leader:
+                if path.exists():
+                    os.replace(path, path.with_name(PREVIOUS_CHECKPOINT))
+                save_checkpoint(path, state)
+            self.parallel_data.barrier()
+            if self.ranks.leader:
+                save_checkpoint(path, state)
         self.last_checkpoint = path
         return path
+
+    def _restore(self, resume: Path) -> float:
+        """Load this rank's checkpoint of the run at `resume`: rank r's of the step rank 0's holds."""
+        if self.ranks is None or self.parallel_data is None:
+            self.last_checkpoint = resume / CHECKPOINT
+            return restore(self, resume / CHECKPOINT, world=1)
+        if self.ranks.leader:
+            elapsed = restore(self, resume / CHECKPOINT, world=self.ranks.world)
+            self.parallel_data.from_leader(self.step)
+            self.last_checkpoint = resume / CHECKPOINT
+            return elapsed
+        step = self.parallel_data.from_leader(None)
+        folder = resume / rank_dir(self.ranks.rank)
+        for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
+            if (folder / name).is_file():
+                elapsed = restore(self, folder / name, world=self.ranks.world)
+                if self.step == step:
+                    self.last_checkpoint = folder / name
+                    return elapsed
+        raise CheckpointError(
+            f"{folder}: no checkpoint of step {step} (rank 0's, {resume / CHECKPOINT}) for rank {self.ranks.rank}"
+        )
 
 
 def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Trainer:

@@ -29,6 +29,7 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
         "config": to_dict(trainer.config),
         "spaces": {"obs_dim": trainer.env.obs_dim, "action_dim": trainer.env.action_dim},
         "step": trainer.step,
+        "world": trainer.ranks.world if trainer.ranks is not None else 1,
         "iteration": trainer.iteration,
         "updates": agent.updates,
         "update_credit": trainer.update_credit,
@@ -46,10 +47,20 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def restore(trainer: Trainer, path: Path) -> float:
-    """Load the checkpoint at `path` into `trainer` after checking it fits; returns the run's elapsed seconds."""
+def restore(trainer: Trainer, path: Path, world: int = 1) -> float:
+    """Load the checkpoint at `path` into `trainer` after checking it fits a job of `world` ranks;
+    returns the run's elapsed seconds."""
     state = upgrade(load_checkpoint(path, trainer.env.device))
     check_fits(trainer, path, state)
+    written = int(state.get("world", 1))
+    if written != world:
+        how = (
+            f"torchrun --nproc-per-node={written} (over all nodes)" if written > 1 else "one process, without torchrun"
+        )
+        raise CheckpointError(
+            f"{path}: written by a run of {written} rank(s), resumed with {world}: each rank's replay and envs "
+            f"are its own, so resume it with {how}"
+        )
     agent = trainer.agent
     agent.load_state_dict(state["agent"])
     agent.load_extra_state(state["agent_extra"])

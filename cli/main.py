@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 import yaml
@@ -94,9 +95,9 @@ def job_kind(preset: str | None, overrides: list[str]) -> str:
     return "residual" if "residual" in parsed or "residual" in data else "rl"
 
 
-def _run_trainer(trainer, args: argparse.Namespace) -> int | None:
-    """Run a training job to its end and print where it went; on Ctrl-C (checkpoint written) or
-    non-finite values, say how to continue and return the exit status."""
+def _run_trainer(trainer, args: argparse.Namespace, report: bool = True) -> int | None:
+    """Run a training job to its end and print where it went (unless not `report`: a rank other than
+    0); on Ctrl-C (checkpoint written) or non-finite values, say how to continue and return the exit status."""
     from q2real.agents.common.guard import NonFiniteError
 
     try:
@@ -110,8 +111,9 @@ def _run_trainer(trainer, args: argparse.Namespace) -> int | None:
             raise
         print(f"q2real {args.command}: {err}", file=sys.stderr)
         return 3
-    print(f"run directory: {trainer.path}")
-    print(f"learning curve: {trainer.path / 'curves.png'}")
+    if report:
+        print(f"run directory: {trainer.path}")
+        print(f"learning curve: {trainer.path / 'curves.png'}")
     return None
 
 
@@ -130,6 +132,14 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume {resume}: no checkpoint.pt in that directory")
         preset = str(resume / "config.yaml")
     kind = job_kind(preset, args.overrides)
+    from q2real.agents.distributed import Ranks
+
+    ranks = Ranks.launched()
+    if ranks is not None and kind in ("bc", "stream"):
+        raise ConfigError(
+            f"torchrun: a {kind} job trains in one process (data-parallel training runs the off-policy loop); "
+            "start it without torchrun"
+        )
     if kind == "bc":
         return _train_bc(args, preset)
     from q2real.agents.stream.train import StreamTrainConfig, StreamTrainer
@@ -146,9 +156,10 @@ def _train(args: argparse.Namespace) -> int:
         trainer = StreamTrainer(config, resume=resume)
     else:
         trainer = Trainer(config, resume=resume)
-    failed = _run_trainer(trainer, args)
-    if failed is not None:
-        return failed
+    leader = ranks is None or ranks.leader
+    failed = _run_trainer(trainer, args, report=leader)
+    if failed is not None or not leader:
+        return failed or 0
     print(f"checkpoint: {trainer.last_checkpoint}")
     success = f", success {trainer.last_eval_success:.2f}" if trainer.last_eval_success is not None else ""
     limit = getattr(
@@ -481,6 +492,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # Under torchrun: a rank's uncaught error is written where the elastic agent reports it.
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        return record(_main)(argv) or 0
+    return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse cannot take positionals after options (`deploy B --sim k=v`); overrides are recognisable.

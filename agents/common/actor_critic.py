@@ -13,6 +13,7 @@ import copy
 import functools
 import math
 from abc import abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,7 +23,7 @@ from torch import nn
 from q2real.agents.common.chunk_critics import CausalChunkCritic, ChunkConfig, decoupled_loss, multi_horizon_loss
 from q2real.agents.common.heads import CategoricalHead, QuantileHead, ScalarHead
 from q2real.agents.common.networks import Critic, Trunk, polyak, project_weights
-from q2real.agents.common.normalizer import ObsNormalizer, ReturnScaler
+from q2real.agents.common.normalizer import Gather, ObsNormalizer, ReturnScaler, local
 from q2real.agents.common.replay import Batch
 from q2real.sim.vec_env import StepResult
 
@@ -135,6 +136,10 @@ def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimi
 class ActorCritic(nn.Module):
     prefix_critic: Critic | None
     """dqc: the distilled critic of the policy's prefix of the chunk (None otherwise)."""
+    gather: Gather = staticmethod(local)
+    """Every rank's rows of a tensor, for statistics the learner keeps itself (data-parallel training)."""
+    average_gradients: Callable[[Iterable[nn.Parameter]], None] | None = None
+    """Data-parallel training: replaces each gradient by its mean over the ranks before a step."""
 
     def __init__(self, config: ActorCriticConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
         """`action_dim` is the env's per-tick action; the actor outputs `policy_dim` numbers, one chunk."""
@@ -236,9 +241,15 @@ class ActorCritic(nn.Module):
         self.return_scale.update(result.reward, result.done)
         self.on_step(result)
 
+    def backward(self, loss: torch.Tensor, parameters: Iterable[nn.Parameter]) -> None:
+        """Gradients of `loss`, averaged over the ranks in data-parallel training."""
+        loss.backward()
+        if self.average_gradients is not None:
+            self.average_gradients(parameters)
+
     def _step(self, optim: torch.optim.Optimizer, loss: torch.Tensor, module: nn.Module) -> None:
         optim.zero_grad(set_to_none=True)
-        loss.backward()
+        self.backward(loss, module.parameters())
         if self.config.max_grad_norm > 0:
             nn.utils.clip_grad_norm_(module.parameters(), self.config.max_grad_norm)
         optim.step()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from q2real.agents.common.normalizer import Gather, local
 from q2real.sim.vec_env import StepResult
 
 
@@ -22,6 +23,7 @@ class EpisodeCost(nn.Module):
     running: torch.Tensor
     average: torch.Tensor
     seen: torch.Tensor
+    gather: Gather = staticmethod(local)
 
     def __init__(self, num_envs: int, rate: float = 0.05):
         super().__init__()
@@ -34,8 +36,8 @@ class EpisodeCost(nn.Module):
     def update(self, result: StepResult) -> None:
         self.running += result.cost
         done = result.done
-        finished = done.sum()
-        mean = (self.running * done).sum() / finished.clamp(min=1)
+        finished = self.gather(done).sum()
+        mean = self.gather(self.running * done).sum() / finished.clamp(min=1)
         # k episodes ending together move the average as k single updates by their mean would.
         keep = torch.where(self.seen, (1 - self.rate) ** finished.float(), torch.zeros(()))
         self.average.copy_(torch.where(finished > 0, keep * self.average + (1 - keep) * mean, self.average))

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+
+
+def local(x: torch.Tensor) -> torch.Tensor:
+    """The rows of this process are all the rows: a running statistic's `gather` outside data-parallel
+    training (there, every rank's rows in rank order, so all ranks compute the same statistic)."""
+    return x
+
+
+Gather = Callable[[torch.Tensor], torch.Tensor]
 
 
 class ObsNormalizer(nn.Module):
@@ -17,6 +28,7 @@ class ObsNormalizer(nn.Module):
     mean: torch.Tensor
     var: torch.Tensor
     count: torch.Tensor
+    gather: Gather = staticmethod(local)
 
     def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-4, enabled: bool = True, passthrough: int = 0):
         super().__init__()
@@ -30,6 +42,7 @@ class ObsNormalizer(nn.Module):
     def update(self, x: torch.Tensor) -> None:
         if not self.enabled:
             return
+        x = self.gather(x)
         batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         total = self.count + n
         delta = batch_mean - self.mean
@@ -56,6 +69,7 @@ class ReturnScaler(nn.Module):
     var: torch.Tensor
     count: torch.Tensor
     abs_max: torch.Tensor
+    gather: Gather = staticmethod(local)
 
     def __init__(self, num_envs: int, gamma: float, g_max: float, enabled: bool = True):
         super().__init__()
@@ -71,14 +85,15 @@ class ReturnScaler(nn.Module):
         if not self.enabled:
             return
         self.ret.mul_(self.gamma).add_(reward)
-        n = self.ret.numel()
-        batch_mean, batch_var = self.ret.mean(), self.ret.var(unbiased=False)
+        returns = self.gather(self.ret)
+        n = returns.numel()
+        batch_mean, batch_var = returns.mean(), returns.var(unbiased=False)
         total = self.count + n
         delta = batch_mean - self.mean
         self.mean += delta * n / total
         self.var.copy_((self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total) / total)
         self.count.copy_(total)
-        self.abs_max.copy_(torch.maximum(self.abs_max, self.ret.abs().max()))
+        self.abs_max.copy_(torch.maximum(self.abs_max, returns.abs().max()))
         self.ret.mul_(~done)
 
     def scale(self) -> torch.Tensor:

@@ -84,6 +84,7 @@ class StreamTrainer:
         self.episodes = EpisodeTracker(1, self.env.device)
         self.finite = FiniteFlags()
         self.step = 0
+        self.envs_per_iteration = 1
         self.last_checkpoint: Path | None = None
         self.last_eval: float | None = None
         self.last_eval_success: float | None = None

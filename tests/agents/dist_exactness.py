@@ -1,0 +1,61 @@
+"""Run by torchrun (2 ranks): the all-reduced gradient of TD3 (deterministic targets) on each rank's own
+batch against one process's gradient on the two batches concatenated; prints the largest difference."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from q2real.agents.common.replay import Batch
+from q2real.agents.distributed import DataParallel, Ranks
+from q2real.agents.td3 import TD3, TD3Config
+
+OBS, ACT, B = 5, 1, 64
+
+
+def batch(seed: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    return Batch(
+        obs=torch.randn(B, OBS, generator=g),
+        action=torch.rand(B, ACT, generator=g) * 2 - 1,
+        reward=torch.randn(B, generator=g),
+        next_obs=torch.randn(B, OBS, generator=g),
+        discount=torch.full((B,), 0.99),
+        row=torch.zeros(B, dtype=torch.long),
+        env=torch.zeros(B, dtype=torch.long),
+        cost=torch.zeros(B),
+    )
+
+
+def main() -> None:
+    ranks = Ranks.launched()
+    assert ranks is not None, "run under torchrun with 2 ranks"
+    torch.manual_seed(0)
+    agent = TD3(TD3Config(target_noise=0.0, policy_delay=1), OBS, ACT, 1, torch.device("cpu"))
+    single = copy.deepcopy(agent)
+    DataParallel(ranks, torch.device("cpu")).attach(agent)
+    mine = batch(ranks.rank)
+    first, second = batch(0), batch(1)
+    fields = ("obs", "action", "reward", "next_obs", "discount", "row", "env", "cost")
+    both = Batch(**{name: torch.cat([getattr(first, name), getattr(second, name)]) for name in fields})
+    worst = 0.0
+    for learner, data in ((agent, mine), (single, both)):
+        learner.critic_update(data)
+        learner.actor_update(data.obs)
+    for (name, p), q in zip(agent.named_parameters(), single.parameters(), strict=True):
+        worst = max(worst, float((p - q).detach().abs().max()))
+        assert p.grad is None or q.grad is not None, name
+        if p.grad is not None and q.grad is not None:
+            worst = max(worst, float((p.grad - q.grad).abs().max()))
+    if ranks.leader:
+        print(json.dumps({"grad_exactness_max_abs_diff": worst}))
+    dist.destroy_process_group()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
