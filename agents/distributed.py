@@ -2,9 +2,10 @@
 
 Each rank owns its envs (seeded apart) and its replay; extra ranks are extra environments. What keeps
 the ranks one learner:
-- gradients are averaged in one flat all-reduce per optimizer step (a single bucket: for networks of
-  a few hundred thousand weights one message beats DDP's per-bucket hooks, see bench/distributed.py),
-  together with any BatchNorm running statistics;
+- gradients are averaged in one flat all-reduce per optimizer step, together with any BatchNorm
+  running statistics. DDP would need every forward through its wrapper, but the critic runs in the
+  actor's loss and the target step too; one flat message over the networks' few hundred thousand
+  weights works with every loss as it is;
 - running statistics (observation normalizer, return scale, episode cost) are updated from every
   rank's rows, gathered in rank order, so each rank computes what one process over all envs would;
 - rank 0's initial weights are broadcast, so the temperature, the targets and every optimizer state

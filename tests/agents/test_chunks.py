@@ -208,6 +208,7 @@ def test_a_chunk_of_one_is_the_per_step_learner_exactly(tmp_path: Path) -> None:
     assert all(torch.equal(plain[k], v) for k, v in chunked.items())
 
 
+@pytest.mark.slow  # trains 300 steps and exports each chunk critic: near the fast tier's 5 s on a busy box
 @pytest.mark.parametrize(
     "extra",
     [
