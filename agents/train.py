@@ -111,8 +111,9 @@ class Trainer:
                 raise
         if ranks is None or ranks.leader:
             self.run_dir = RunDir(config, config.log, config.env.task, resume=resume)
-            if ranks is not None:
-                self.run_dir.update_meta(ranks=ranks.world)
+            if self.parallel_data is not None:
+                self.run_dir.update_meta(ranks=self.parallel_data.ranks.world)
+                self.parallel_data.from_leader(str(self.run_dir.path))
             log = config.log
             # Every rank's checkpoint is collective; only the leader logs, evaluates and runs the caller's callbacks.
             builtin: list[Callback] = [CheckpointCallback(), LogCallback(), EvalCallback()]
@@ -123,9 +124,6 @@ class Trainer:
             log = dataclasses.replace(config.log, tensorboard=False, wandb="off")
             self.run_dir = RunDir(config, log, config.env.task, resume=leader_path / rank_dir(ranks.rank))
             callbacks = [CheckpointCallback()]
-        if ranks is not None and ranks.leader:
-            assert self.parallel_data is not None
-            self.parallel_data.from_leader(str(self.run_dir.path))
         self.path = self.run_dir.path
         self.run_dir.update_meta(threads=self.thread_summary())
         self.logger = MetricLogger(self.run_dir, log, elapsed=elapsed)

@@ -9,26 +9,11 @@ import sys
 
 import torch
 import torch.distributed as dist
+from test_updates import ACT, OBS, batch  # beside this script, which torchrun runs from its own folder
 
 from q2real.agents.common.replay import Batch
 from q2real.agents.distributed import DataParallel, Ranks
 from q2real.agents.td3 import TD3, TD3Config
-
-OBS, ACT, B = 5, 1, 64
-
-
-def batch(seed: int) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    return Batch(
-        obs=torch.randn(B, OBS, generator=g),
-        action=torch.rand(B, ACT, generator=g) * 2 - 1,
-        reward=torch.randn(B, generator=g),
-        next_obs=torch.randn(B, OBS, generator=g),
-        discount=torch.full((B,), 0.99),
-        row=torch.zeros(B, dtype=torch.long),
-        env=torch.zeros(B, dtype=torch.long),
-        cost=torch.zeros(B),
-    )
 
 
 def main() -> None:
