@@ -1,5 +1,5 @@
-"""The `q2real` command: `train`, `finetune`, `eval`, `export`, `deploy`, `transfer`, `demos`, `envs`, `presets`,
-`rollout`.
+"""The `q2real` command: `train`, `finetune`, `eval`, `export`, `deploy`, `learn`, `transfer`, `demos`, `envs`,
+`presets`, `rollout`.
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 
 import yaml
@@ -340,6 +341,7 @@ def _deploy(args: argparse.Namespace) -> int:
     from q2real.deploy_ros.settings import NodeConfig
 
     overrides = [*args.overrides, *([f"finetune.run={args.finetune}"] if args.finetune else [])]
+    overrides += [f"finetune.learner_address={args.learner}"] if args.learner else []
     config = load(NodeConfig, args.preset, overrides)
     perturbed = args.shift or args.reset_every
     if perturbed and not args.sim:
@@ -381,6 +383,46 @@ def _deploy(args: argparse.Namespace) -> int:
             f"{tuned['directory']}"
         )
     return 0
+
+
+def _learn(args: argparse.Namespace) -> int:
+    """The workstation's end of the robot-to-learner link: serves robots (`q2real deploy B --learner`)
+    one at a time, each session fine-tuning RUN_DIR on that robot's stream until Ctrl-C."""
+    import time
+    from pathlib import Path
+
+    from q2real.agents.finetune import FinetuneConfig
+    from q2real.deploy_ros.link import Relay, Tls, serve
+    from q2real.deploy_ros.settings import FinetuneSettings
+
+    learner = tuple(args.overrides)
+    settings = FinetuneSettings(
+        run=args.run_dir, publish_every=args.publish_every, learner=learner, learner_startup=args.startup
+    )
+    try:
+        settings.validate()
+    except ValueError as err:
+        raise ConfigError(str(err).replace("finetune.", "learn: ")) from None
+    # The learner's own settings, checked now rather than when the first robot connects.
+    load(FinetuneConfig, None, [f"run={args.run_dir}", *learner, "total_steps=1000000000", "eval_every=0"])
+    if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_client_ca and not args.tls_cert):
+        raise ConfigError("--tls-cert and --tls-key go together; --tls-client-ca needs them")
+    root = Path(args.directory or f"learn-{time.strftime('%Y%m%d-%H%M%S')}")
+    relay = Relay(root, args.run_dir, learner, args.publish_every, args.startup)
+    server, port = serve(args.serve, relay, Tls(args.tls_client_ca, args.tls_cert, args.tls_key))
+    security = "TLS" if args.tls_cert else "plain TCP: use it on a trusted network only"
+    print(f"q2real learn: fine-tuning {args.run_dir} for the robot that connects to port {port} ({security})")
+    print(f"sessions in {root}; Ctrl-C stops", flush=True)
+    signal.signal(signal.SIGTERM, _interrupted)  # a service manager's stop: end the session, checkpointed
+    try:
+        server.wait_for_termination()
+    finally:
+        server.stop(grace=5)
+    return 0
+
+
+def _interrupted(*_) -> None:
+    raise KeyboardInterrupt
 
 
 def _transfer(args: argparse.Namespace) -> int:
@@ -453,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
     dep.add_argument("--timings", metavar="CSV", help="write every tick's stage timestamps here when it stops")
     dep.add_argument("--finetune", metavar="RUN_DIR", help="fine-tune the policy on the robot, continuing this run")
+    dep.add_argument("--learner", metavar="HOST:PORT", help="fine-tune it on a remote learner (`q2real learn --serve`)")
     dep.add_argument(
         "--shift", action="append", default=[], metavar="FIELD=VALUE", help="sim robot: a dynamics shift (repeatable)"
     )
@@ -461,6 +504,17 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--reset-spread", type=float, default=3.14159, help="sim robot: half-width of a reset")
     _job_arguments(dep)
     dep.set_defaults(func=_deploy)
+    learn = command("learn", help="serve robots' fine-tuning: a learner on this machine for `deploy --learner`")
+    learn.add_argument("run_dir", metavar="RUN_DIR", help="the trained run each robot session fine-tunes")
+    learn.add_argument("--serve", required=True, metavar="HOST:PORT", help="listen here (e.g. 0.0.0.0:50051)")
+    learn.add_argument("--directory", help="sessions go here (default: a new learn-<time> folder)")
+    learn.add_argument("--publish-every", type=float, default=5.0, help="seconds between published versions")
+    learn.add_argument("--startup", type=float, default=120.0, help="seconds the learner may take to load the run")
+    learn.add_argument("--tls-cert", help="PEM: this learner's certificate (TLS on)")
+    learn.add_argument("--tls-key", help="PEM: its private key")
+    learn.add_argument("--tls-client-ca", help="PEM: accept only robots whose certificate this CA signed")
+    learn.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="q2real finetune settings of the learner")
+    learn.set_defaults(func=_learn)
     gate = command(
         "transfer",
         help="sim-to-sim transfer gate: the run's bundle, shielded, on the other backend under perturbations",

@@ -70,3 +70,18 @@ def ros_name(key: str, value: str) -> None:
             f"{key}: expected a ROS 2 name (letters, digits and '_' between '/', optionally starting with "
             f"'/' or '~/'), got {value!r:.80}"
         )
+
+
+ADDRESS = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})")
+
+
+def address(key: str, value: str, lowest_port: int = 1) -> tuple[str, int]:
+    """HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one) -> (host, port); a server may take
+    port 0 (any free one)."""
+    match = ADDRESS.fullmatch(value) if isinstance(value, str) and len(value) <= 256 else None
+    if match is None or not lowest_port <= int(match.group(1)) <= 65535:
+        raise ValueError(
+            f"{key}: expected HOST:PORT (port {lowest_port}-65535; IPv6 as [ADDR]:PORT), got {value!r:.80}"
+        )
+    host = value.rpartition(":")[0]
+    return host, int(match.group(1))

@@ -52,6 +52,7 @@ from q2real.deploy_ros.transitions import (
     RUN,
     TransitionRing,
     version_name,
+    write_atomic,
 )
 from q2real.hardware.spec import differences
 from q2real.safety.flags import CLAMPS, Mode
@@ -85,8 +86,8 @@ class FineTuning:
     """Attach to a node before it spins; `start()` launches the learner, `close()` stops it."""
 
     def __init__(self, node: PolicyNode, settings: FinetuneSettings, directory: Path | None = None, record=None):
-        if settings.run is None:
-            raise ConfigError("finetune.run: the trained run to fine-tune is needed")
+        if not settings.enabled:
+            raise ConfigError("finetune.run or finetune.learner_address: the run to fine-tune or its learner is needed")
         info = node.bundle.info
         if info.chunk.size > 1:
             raise ConfigError(f"{node.bundle.path}: fine-tuning on the robot runs per-step policies, not chunks")
@@ -130,24 +131,18 @@ class FineTuning:
 
     # --- the learner -----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Launch the learner and wait until it has loaded the run; its error, if any, stops the deploy."""
+        """Launch the learner (or the link to a remote one) and wait until it is ready; its error, if
+        any, stops the deploy."""
         s = self.settings
-        command = [sys.executable, "-m", "q2real.agents.robot_learner"]
-        command += ["--publish-every", str(s.publish_every), "--parent-pid", str(os.getpid()), str(self.directory)]
-        command += [f"run={s.run}", f"log.root={self.directory}", "log.name=learner", *s.learner]
-        log = open(self.directory / LOG, "w")  # noqa: SIM115 - the child writes to it for its whole life
-        environment = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
-        log.close()
-        deadline = time.monotonic() + s.learner_startup
-        while not (self.directory / READY).exists():
-            if self.learner.poll() is not None:
-                tail = (self.directory / LOG).read_text()[-1500:]
-                raise ConfigError(f"finetune: the learner did not start (exit {self.learner.returncode}):\n{tail}")
-            if time.monotonic() > deadline:
-                self.close()
-                raise ConfigError(f"finetune.learner_startup: the learner was not ready in {s.learner_startup:g} s")
-            time.sleep(0.1)
+        if s.learner_address is None:
+            assert s.run is not None
+            command = learner_command(self.directory, s.run, s.publish_every, s.learner)
+        else:
+            command = [sys.executable, "-m", "q2real.deploy_ros.link", "connect", str(self.directory)]
+            command += ["--learner", s.learner_address, "--parent-pid", str(os.getpid())]
+            for flag, path in (("--tls-root", s.tls_root), ("--tls-cert", s.tls_cert), ("--tls-key", s.tls_key)):
+                command += [flag, path] if path else []
+        self.learner = launch(command, self.directory, s.learner_startup)
         self._thread = threading.Thread(target=self._watch, name="q2real-finetune", daemon=True)
         self._thread.start()
 
@@ -314,9 +309,7 @@ class FineTuning:
         self.trial = None
         self.counts.rollbacks += 1
         rollback = {"version": self.good_version, "refused": trial.version, "reason": detail}
-        tmp = self.directory / f".{ROLLBACK}.tmp"
-        tmp.write_text(json.dumps(rollback))
-        os.replace(tmp, self.directory / ROLLBACK)
+        write_atomic(self.directory / ROLLBACK, json.dumps(rollback))
         self._event("rolled_back", self.good_version, f"version {trial.version}: {detail}")
 
     def _event(self, kind: str, version: int, detail: str) -> None:
@@ -325,6 +318,33 @@ class FineTuning:
         print(f"finetune: {kind} version {version}: {detail}", flush=True)
         if self.record is not None:
             self.record(event)
+
+
+def learner_command(directory: Path, run: str, publish_every: float, overrides: tuple[str, ...]) -> list[str]:
+    """The learner process fine-tuning `run` on the transitions in `directory`; it exits with this process."""
+    command = [sys.executable, "-m", "q2real.agents.robot_learner", "--publish-every", str(publish_every)]
+    command += ["--parent-pid", str(os.getpid()), str(directory)]
+    return [*command, f"run={run}", f"log.root={directory}", "log.name=learner", *overrides]
+
+
+def launch(command: list[str], directory: Path, startup: float) -> subprocess.Popen:
+    """Start `command` with one thread per math library, its output in `directory`/learner.log, and wait
+    for its `learner.ready`; a ConfigError with the end of its log when it exits or is late."""
+    log = open(directory / LOG, "w")  # noqa: SIM115 - the child writes to it for its whole life
+    environment = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+    log.close()
+    deadline = time.monotonic() + startup
+    while not (directory / READY).exists():
+        if process.poll() is not None:
+            tail = (directory / LOG).read_text()[-1500:]
+            raise ConfigError(f"finetune: the learner did not start (exit {process.returncode}):\n{tail}")
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            raise ConfigError(f"finetune.learner_startup: the learner was not ready in {startup:g} s")
+        time.sleep(0.1)
+    return process
 
 
 def _mean(values: np.ndarray) -> float:

@@ -114,7 +114,8 @@ def deploy(
     """Run until `stop`, the duration or Ctrl-C; `operator_start` reads Enter on stdin as the start;
     `timings`: write every tick's stage timestamps there as CSV at the end; `sim_initial`: the sim
     robot's initial joint positions; `sim_extra`: more of its command-line options (a dynamics shift).
-    With `config.finetune.run` the learner starts (and must load) before the robot does."""
+    With fine-tuning on (`config.finetune.run` or `.learner_address`) the learner starts (and must
+    load) before the robot does."""
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -125,7 +126,7 @@ def deploy(
     switch_interval = sys.getswitchinterval()
     applied: list[str] = []
     try:
-        if config.finetune.run is not None:
+        if config.finetune.enabled:
             tuning = FineTuning(node, config.finetune)
             tuning.start()  # before the real-time settings, which the learner must not inherit
         if sim:

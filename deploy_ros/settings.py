@@ -150,6 +150,19 @@ class FinetuneSettings:
     """`q2real finetune` settings for the learner (`actor_start=2000`, `warmup_steps=500`, ...)."""
     learner_startup: float = 120.0
     """Seconds to wait for the learner to load the run before giving up (the robot waits too)."""
+    learner_address: str | None = None
+    """HOST:PORT of a remote learner (`q2real learn --serve` on a workstation) instead of one on the
+    robot: the run and the learner's settings are then the workstation's (`q2real.deploy_ros.link`)."""
+    tls_root: str | None = None
+    """PEM file of the CA that signed the learner's certificate: the link uses TLS (else plain TCP,
+    for a trusted network only)..."""
+    tls_cert: str | None = None
+    """...and with this PEM certificate and `tls_key` the robot proves itself to the learner (mutual TLS)."""
+    tls_key: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.run is not None or self.learner_address is not None
 
     def validate(self) -> None:
         if self.run is not None and not self.run.strip():
@@ -164,6 +177,18 @@ class FinetuneSettings:
         checks.number("finetune.intervention_rise", self.intervention_rise, above=0.0, at_most=1.0)
         checks.number("finetune.parity_tolerance", self.parity_tolerance, above=0.0, at_most=0.1)
         checks.number("finetune.learner_startup", self.learner_startup, above=0.0, at_most=3600.0)
+        if self.learner_address is not None:
+            checks.address("finetune.learner_address", self.learner_address)
+            if self.run is not None or self.learner:
+                raise ValueError(
+                    "finetune.learner_address: a remote learner takes its run and settings on the workstation "
+                    "(q2real learn --serve ... RUN_DIR KEY=VALUE); finetune.run and finetune.learner must be unset"
+                )
+        tls = {"tls_root": self.tls_root, "tls_cert": self.tls_cert, "tls_key": self.tls_key}
+        if any(tls.values()) and self.learner_address is None:
+            raise ValueError("finetune.tls_*: TLS secures the link to a remote learner; set finetune.learner_address")
+        if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_cert and not self.tls_root):
+            raise ValueError("finetune.tls_cert and finetune.tls_key go together, with finetune.tls_root")
         for item in self.learner:
             key, sep, _ = item.partition("=")
             if not sep or not key or key.split(".")[0] in ("run", "total_steps", "eval_every", "eval_envs"):

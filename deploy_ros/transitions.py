@@ -16,6 +16,7 @@ re-reading `head` after the copy, and dropped.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,23 @@ class TransitionRing:
         row["version"], row["flags"] = version, flags
         self.header[_HEAD] = head + 1
 
+    def put(self, first: int, rows: np.ndarray) -> None:
+        """The remote learner's mirror of the node's ring: rows [first, first + n) at the indices the
+        node gave them. Rows the link lost before `first` are blanked (no flags, NaN reward) rather
+        than left as an older lap's, which would pair into transitions that never happened."""
+        head = int(self.header[_HEAD])
+        if first < head or len(rows) > self.capacity:
+            raise ValueError(f"{self.path}: rows from {first} (at most {self.capacity}) after row {head} expected")
+        lost = np.arange(max(head, first + len(rows) - self.capacity), first) % self.capacity
+        self.rows["tick"][lost], self.rows["flags"][lost], self.rewards[lost] = -1, 0, np.nan
+        self.rows[np.arange(first, first + len(rows)) % self.capacity] = rows
+        self.header[_HEAD] = first + len(rows)
+
+    @property
+    def rewarded(self) -> int:
+        """Rows whose reward the learner has written."""
+        return int(self.header[_REWARDED])
+
     def rewards_since(self, start: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Rewards the learner wrote for rows [start, rewarded) still in the ring, with each row's
         version; returns (rewards, versions, rewarded)."""
@@ -136,6 +154,13 @@ READY = "learner.ready"
 """The learner has loaded the run and reads the ring."""
 ROLLBACK = "rollback.json"
 """The node's last rollback: {"version": the good version it runs again, "refused": the bad one}."""
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """A protocol file as a whole or not at all: the other side may read it at any moment."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
 
 
 def version_name(version: int) -> str:
