@@ -4,8 +4,9 @@ Each rank owns its envs (seeded apart) and its replay; extra ranks are extra env
 the ranks one learner:
 - gradients are averaged in one flat all-reduce per optimizer step, together with any BatchNorm
   running statistics. DDP would need every forward through its wrapper, but the critic runs in the
-  actor's loss and the target step too; one flat message over the networks' few hundred thousand
-  weights works with every loss as it is;
+  actor's loss and the target step too; one flat message over the networks' weights works with every
+  loss as it is, and was faster here (bench/grad_sync.py, 2 gloo ranks: a 256x256 SAC critic update
+  12.6 ms against DDP's 15.5, 8.1 unsynchronized; 1024x1024 99.5 against 101.7);
 - running statistics (observation normalizer, return scale, episode cost) are updated from every
   rank's rows, gathered in rank order, so each rank computes what one process over all envs would;
 - rank 0's initial weights are broadcast, so the temperature, the targets and every optimizer state

@@ -5,12 +5,13 @@ pendulum swing-up in a fresh process, the 1-rank run with `threads=1` so each si
 per learner. Throughput is taken from the run's own metrics.jsonl after warm-up (no start-up time):
 env steps/s over all ranks, and updates/s (each rank's, all ranks take the same updates, on a
 batch of 256 each). With `--threshold R` it also trains both to an evaluation return of R and
-reports the env steps and wall-clock each needed (2 ranks: twice the envs per iteration, half the
-updates per env step, each on twice the batch).
+reports the env steps and wall-clock each needed: 2 ranks at 1 update per iteration (twice the envs
+per iteration, so half the updates per env step, each on twice the batch) and at 2.
 
 The exactness figure runs tests/agents/dist_exactness.py under torchrun: the largest difference
 between a 2-rank TD3 update (gradients and weights after one critic and actor step) and one
-process's update on the two batches concatenated.
+process's update on the two batches concatenated. bench/grad_sync.py then times a SAC critic update
+with q2real's flat all-reduce against DistributedDataParallel (and no sync at all).
 
 Prints a table, writes bench/results/distributed.json and prints the same JSON as its last line.
 Headline keys: scaling_efficiency_2 (2-rank env steps/s / (2 x 1-rank env steps/s)) and
@@ -54,12 +55,12 @@ def throughput(records: list[dict], warmup: int) -> tuple[float, float]:
     return steps, sum(r["updates_per_s"] for r in rows[1:]) / len(rows[1:])
 
 
-def exactness() -> float:
-    script = ROOT / "tests" / "agents" / "dist_exactness.py"
+def two_ranks(script: Path) -> dict:
+    """The JSON line a 2-rank torchrun of `script` prints last."""
     out = subprocess.run([*TORCHRUN, "--nproc-per-node=2", str(script)], capture_output=True, text=True, env=ENV)
     if out.returncode != 0:
-        raise SystemExit(f"exactness check failed:\n{out.stderr[-3000:]}")
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["grad_exactness_max_abs_diff"])
+        raise SystemExit(f"{script.name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -83,20 +84,29 @@ def main() -> None:
         result["scaling_efficiency_2"] = speed[2]["env_steps_per_s"] / (2 * speed[1]["env_steps_per_s"])
         if args.threshold is not None:
             reached = {}
-            for ranks in (1, 2):
-                overrides = [*common, f"total_steps={args.max_steps}", "eval_every=4000"]
+            # 2 ranks at 1 update per iteration take half the updates per env step (each on twice the
+            # batch); at 2 they take as many as one process.
+            for label, ranks, utd in (("1", 1, 1), ("2", 2, 1), ("2_updates_per_step_2", 2, 2)):
+                overrides = [*common, f"total_steps={args.max_steps}", "eval_every=4000", f"updates_per_step={utd}"]
                 overrides.append(f"stop_return={args.threshold}")
-                records = train(ranks, Path(tmp), f"threshold{ranks}", overrides)
+                records = train(ranks, Path(tmp), f"threshold{label}", overrides)
                 hit = next((r for r in records if r.get("eval_return", -1e9) >= args.threshold), None)
-                reached[ranks] = {"steps": hit["step"], "seconds": hit["wall_time"]} if hit else None
-                print(f"{ranks} rank(s): threshold {args.threshold}: {reached[ranks]}", flush=True)
-            result["threshold"] = {"return": args.threshold, "reached": reached}
-    result["grad_exactness_max_abs_diff"] = exactness()
+                best = max((r["eval_return"] for r in records if "eval_return" in r), default=None)
+                reached[label] = {"steps": hit["step"], "seconds": hit["wall_time"]} if hit else None
+                reached[f"{label}_best_eval_return"] = best
+                print(f"{label} rank(s): threshold {args.threshold}: {reached[label]} (best {best})", flush=True)
+            result["threshold"] = {"return": args.threshold, "max_steps": args.max_steps, "reached": reached}
+    exact = two_ranks(ROOT / "tests" / "agents" / "dist_exactness.py")
+    result["grad_exactness_max_abs_diff"] = float(exact["grad_exactness_max_abs_diff"])
+    result["grad_sync"] = two_ranks(ROOT / "bench" / "grad_sync.py")
     print(f"\n{'ranks':<8}{'env steps/s':>14}{'updates/s/rank':>16}")
     for ranks, row in speed.items():
         print(f"{ranks:<8}{row['env_steps_per_s']:>14.1f}{row['updates_per_s']:>16.1f}")
     print(f"scaling efficiency (2 ranks): {result['scaling_efficiency_2']:.2f}")
     print(f"largest |2-rank - 1-process| after one update: {result['grad_exactness_max_abs_diff']:.2e}")
+    print(f"\nSAC critic update, 2 ranks, ms{'no sync':>12}{'flat all-reduce':>18}{'DDP':>8}")
+    for size, row in result["grad_sync"].items():
+        print(f"{size:<30}{row['no_sync_ms']:>12.2f}{row['flat_all_reduce_ms']:>18.2f}{row['ddp_ms']:>8.2f}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "distributed.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
