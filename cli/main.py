@@ -391,6 +391,8 @@ def _learn(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
+    from q2real.agents.common.checkpoint import CHECKPOINT
+    from q2real.agents.config import load_run_config
     from q2real.agents.finetune import FinetuneConfig
     from q2real.deploy_ros.link import Relay, Tls, serve
     from q2real.deploy_ros.settings import FinetuneSettings
@@ -402,8 +404,13 @@ def _learn(args: argparse.Namespace) -> int:
     try:
         settings.validate()
     except ValueError as err:
-        raise ConfigError(str(err).replace("finetune.", "learn: ")) from None
-    # The learner's own settings, checked now rather than when the first robot connects.
+        flags = {"finetune.publish_every": "--publish-every", "finetune.learner_startup": "--startup"}
+        message = str(err)
+        for key, flag in flags.items():
+            message = message.replace(key, flag)
+        raise ConfigError(message.replace("finetune.learner", "KEY=VALUE")) from None
+    # The run and the learner's own settings, checked now rather than when the first robot connects.
+    load_run_config(Path(args.run_dir), CHECKPOINT)
     load(FinetuneConfig, None, [f"run={args.run_dir}", *learner, "total_steps=1000000000", "eval_every=0"])
     if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_client_ca and not args.tls_cert):
         raise ConfigError("--tls-cert and --tls-key go together; --tls-client-ca needs them")

@@ -363,17 +363,25 @@ def _file_chunks(path: Path) -> Iterator[pb.FromLearner]:
 
 def serve(address: str, relay: Relay, tls: Tls = Tls()) -> tuple[grpc.Server, int]:
     """Start serving `relay` on `address` (port 0: any free port); returns the server and its port."""
-    checks.address("--serve", address, lowest_port=0)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=OPTIONS)
+    try:
+        checks.address("--serve", address, lowest_port=0)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    # No SO_REUSEPORT (gRPC's default): a second learner on the port must fail, not share its robots.
+    options = [*OPTIONS, ("grpc.so_reuseport", 0)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
     handler = grpc.stream_stream_rpc_method_handler(
         relay.session,
         request_deserializer=pb.FromRobot.FromString,
         response_serializer=pb.FromLearner.SerializeToString,
     )
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("q2real.link.Learner", {"Session": handler})])
-    port = tls.bind(server, address)
+    try:
+        port = tls.bind(server, address)
+    except RuntimeError:  # grpc's "failed to bind"
+        port = 0
     if port == 0:
-        raise ConfigError(f"--serve: cannot listen on {address}")
+        raise ConfigError(f"--serve: cannot listen on {address} (in use, or not an address of this machine)")
     server.start()
     return server, port
 
