@@ -21,6 +21,9 @@ exploration noise to the policy's action before the shield. A watcher thread, of
 
 Every version is kept in the fine-tuning directory (`v0000.onnx` is the bundle deployed), and every
 event (swap, refusal, rollback, acceptance, the learner's exit) goes to the MCAP bag when recording.
+
+With `learner_address` the learner runs on another machine: the process started here is then the
+link (`q2real.deploy_ros.link`), which mirrors this directory to it, and everything above is unchanged.
 """
 
 from __future__ import annotations
