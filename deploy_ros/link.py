@@ -59,7 +59,7 @@ MESSAGE_BYTES = 1 << 20
 FILE_MAX = 256 << 20
 """Largest version file the robot accepts (a bundle of a large policy is tens of MiB)."""
 RING_MAX = 1 << 24
-"""Largest ring, and largest observation/action/joint count, a session may announce."""
+"""Largest ring a session may announce (its observation, action and joint counts: at most 4096 each)."""
 VERSION_FILE = re.compile(r"v(\d{4})\.(onnx|probe\.npz)")
 OPTIONS = [("grpc.max_send_message_length", 2 * MESSAGE_BYTES), ("grpc.max_receive_message_length", 2 * MESSAGE_BYTES)]
 
