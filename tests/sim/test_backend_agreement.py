@@ -60,8 +60,15 @@ def test_backends_agree_under_physics_randomization() -> None:
     assert _compare("pendulum_swingup", dr) < TOLERANCE
 
 
+PUSHED_TOLERANCE = 5e-3
+"""Pushes of 10-20 N on an arm with up to 1 kg of payload amplify the float32 error: the largest
+difference over the 200 steps measured 2.4e-3 (joint velocity, rad/s) on an AMD EPYC's XLA kernels,
+under 2e-3 on the CPU before. Pushes 10 % weaker on the native backend alone move the same episodes
+by 0.43."""
+
+
 def test_backends_agree_under_pushes_and_pd_gain_randomization() -> None:
     dr = RandomizationConfig(
         kp_scale=(0.7, 1.3), kd_scale=(0.5, 1.5), push_force=(10.0, 20.0), push_interval=(5, 15), payload=(0.0, 1.0)
     )
-    assert _compare("panda_reach", dr) < TOLERANCE
+    assert _compare("panda_reach", dr) < PUSHED_TOLERANCE
