@@ -21,16 +21,48 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
-FAST_LIMIT_S = float(os.environ.get("Q2REAL_FAST_LIMIT_S", "5"))
-"""Longest a test outside the slow tier may take (setup + call + teardown) before it fails as mismarked."""
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+"""Set in a pytest-xdist worker (`-n 2`): two tests run at once, one core each."""
+FAST_LIMIT_S = float(os.environ.get("Q2REAL_FAST_LIMIT_S", "5")) * (1 if WORKER is None else 2)
+"""Longest a test outside the slow tier may take (setup + call + teardown) before it fails as mismarked;
+twice that in a pytest-xdist worker, where a learning run beside it takes the other core."""
 _PHASES = pytest.StashKey[dict[str, float]]()
 
 
+REALTIME_DIR = Path(__file__).resolve().parent / "deploy_ros"
+"""Every slow test here runs the node, a DDS peer or the robot link in real time and bounds its period,
+latency or deadline misses: it runs alone (`realtime`), after the rest of the suite."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if WORKER is not None:
+        import torch
+
+        # Two workers on two cores: a torch process with 2 threads beside a busy one runs 5x slower.
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """MJX compiles and trained-policy fixtures make a test slow wherever it lives."""
+    """MJX compiles and trained-policy fixtures make a test slow wherever it lives; slow deploy tests are
+    real-time, and those never run beside another test."""
     for item in items:
         if item.get_closest_marker("mjx") or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") and item.path.is_relative_to(REALTIME_DIR):
+            item.add_marker(pytest.mark.realtime)
+    if WORKER is not None:
+        # Long runs first, so that at the end the short tests fill both workers rather than one idling
+        # beside the last learning run.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if WORKER is not None and item.get_closest_marker("realtime"):
+        pytest.fail(
+            f"{item.nodeid} holds real-time bounds and must run alone, not under pytest-xdist: run the realtime "
+            "tests in their own pass (-m realtime) and the rest with -n (-m 'not realtime')",
+            pytrace=False,
+        )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -54,7 +86,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def trained_pendulum(tmp_path_factory: pytest.TempPathFactory):
     """SAC trained on pendulum swing-up until its evaluation return reaches 300 (about 100 s on 2 cores).
 
-    Shared by the SAC learning test and the end-to-end deploy test, so the suite trains it once.
+    Session-scoped so that every test needing a freshly trained policy shares one run (the SAC learning
+    test today; tests that only need a trained policy use the committed `pendulum_run`).
     """
     from q2real.agents.config import TrainConfig
     from q2real.agents.train import train
@@ -65,7 +98,7 @@ def trained_pendulum(tmp_path_factory: pytest.TempPathFactory):
         "total_steps=35000",
         "eval_every=5000",
         "stop_return=300",
-        "threads=2",
+        "threads=1",
         f"log.root={tmp_path_factory.mktemp('trained')}",
         "log.name=sac-pendulum",
         "log.tensorboard=false",

@@ -14,6 +14,7 @@ def test_an_unmarked_test_over_the_limit_fails_and_a_slow_one_does_not(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("Q2REAL_FAST_LIMIT_S", "0.2")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the inner run is a plain one
     pytester.makeconftest(CONFTEST.read_text())
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    mjx: mjx\n")
     pytester.makepyfile(
@@ -26,3 +27,26 @@ def test_an_unmarked_test_over_the_limit_fails_and_a_slow_one_does_not(
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines(["*test_unmarked took 0.4 s*over the fast tier's 0.2 s: mark it @pytest.mark.slow*"])
+
+
+@pytest.mark.slow  # two pytest runs in subprocesses, one of them importing torch as a worker does: 6 s
+def test_a_slow_deploy_test_is_realtime_and_fails_inside_a_parallel_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite's first pass runs under pytest-xdist (`-n 2 -m 'not realtime'`): a real-time test that
+    slipped into it would measure its latency beside a learning run, so it fails instead, saying why."""
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    mjx: mjx\n    realtime: realtime\n")
+    pytester.mkdir("deploy_ros")
+    pytester.makepyfile(
+        **{
+            "deploy_ros/test_loop": "import pytest\n@pytest.mark.slow\ndef test_loop(): pass\ndef test_quick(): pass\n",
+            "test_elsewhere": "import pytest\n@pytest.mark.slow\ndef test_learns(): pass\n",
+        }
+    )
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    pytester.runpytest_subprocess("-m", "realtime").assert_outcomes(passed=1, deselected=2)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*test_loop holds real-time bounds and must run alone, not under pytest-xdist*"])

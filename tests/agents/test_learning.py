@@ -22,17 +22,17 @@ pytestmark = pytest.mark.slow  # learning runs to a return threshold
 
 SAC_128 = ["sac.actor_hidden=[128,128]", "sac.critic_hidden=[128,128]"]
 CASES = {
-    "td3": ("td3", 35_000, 200.0, ["td3.actor_hidden=[128,128]", "td3.critic_hidden=[128,128]", "threads=2"]),
+    "td3": ("td3", 35_000, 200.0, ["td3.actor_hidden=[128,128]", "td3.critic_hidden=[128,128]", "threads=1"]),
     "flashsac": (
         "flashsac",
         30_000,
         100.0,
-        ["flashsac.actor_hidden=[64]", "flashsac.critic_hidden=[128]", "flashsac.batch_size=256", "threads=2"],
+        ["flashsac.actor_hidden=[64]", "flashsac.critic_hidden=[128]", "flashsac.batch_size=256", "threads=1"],
     ),
     # Parallel Q-Learning: critic and policy learners in their own processes (seed 0 reached 436 at 30k).
     "sac+pql": ("sac", 35_000, 300.0, [*SAC_128, "pql.enabled=true"]),
     # D-SPEAR dual-stream prioritized replay (seed 0 reached 305 at 25k).
-    "sac+dspear": ("sac", 35_000, 250.0, [*SAC_128, "sampler.kind=dspear", "threads=2"]),
+    "sac+dspear": ("sac", 35_000, 250.0, [*SAC_128, "sampler.kind=dspear", "threads=1"]),
 }
 
 
@@ -66,7 +66,7 @@ def test_sac_learns_panda_reach(tmp_path: Path) -> None:
     """Joint-space reach on the Panda (CPU): holding the home pose scores about 21, seed 0 reached
     59 at 40k steps (66 s on 2 cores); the threshold asks for a clear move towards every target."""
     overrides = ["env.task=panda_reach", "total_steps=40000", "eval_every=5000", "stop_return=45"]
-    overrides += ["checkpoint_every=0", f"log.root={tmp_path}", "log.tensorboard=false", "threads=2", *SAC_128]
+    overrides += ["checkpoint_every=0", f"log.root={tmp_path}", "log.tensorboard=false", "threads=1", *SAC_128]
     trainer = train(load(TrainConfig, None, overrides))
     assert trainer.last_eval is not None and trainer.last_eval >= 45, f"eval return {trainer.last_eval}"
 
@@ -77,7 +77,7 @@ def test_chunked_sac_learns_the_sparse_cartpole(tmp_path: Path) -> None:
     only while upright. Uniform-random actions earn 11.3 and the zero action 3.9 from its random starts.
     In `bench/chunks.py`'s runs (these settings, one torch thread, its own evaluation episodes) QC's
     seeds 0-2 ended at 30, 84 and 34 after 40k env steps."""
-    overrides = ["stop_return=25", "checkpoint_every=0", "threads=2", f"log.root={tmp_path}"]
+    overrides = ["stop_return=25", "checkpoint_every=0", f"log.root={tmp_path}"]
     trainer = train(load(TrainConfig, "sac_cartpole_sparse_chunks", overrides))
     assert trainer.chunks is not None and trainer.last_eval is not None
     assert trainer.last_eval >= 25.0, f"QC: eval return {trainer.last_eval:.1f} < 25 after {trainer.step} steps"

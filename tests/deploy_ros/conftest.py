@@ -17,7 +17,10 @@ os.environ.setdefault("CYCLONEDDS_URI", LOOPBACK)
 FAST_DDS_LOOPBACK = str(Path(__file__).resolve().parents[1] / "fixtures" / "fastdds_loopback.xml")
 os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", FAST_DDS_LOOPBACK)
 os.environ.setdefault("FASTRTPS_DEFAULT_PROFILES_FILE", FAST_DDS_LOOPBACK)
-_domains = itertools.count(100 + os.getpid() % 50)
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+_domains = itertools.count(100 + 66 * (_WORKER % 2) + os.getpid() % 30)
+"""Domains 100-232 (DDS's last), a half for each of two pytest-xdist workers, offset by the pid so that
+two pytest runs side by side seldom meet."""
 
 
 def export_fresh_agent(
