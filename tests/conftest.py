@@ -40,6 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
         # Two workers on two cores: a torch process with 2 threads beside a busy one runs 5x slower.
         torch.set_num_threads(1)
+        # A DDS domain per worker (below the deploy tests' own, 100-232): two sim robots deployed at once
+        # must not hear each other's joint states.
+        os.environ["ROS_DOMAIN_ID"] = str(1 + int(WORKER.removeprefix("gw")))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
