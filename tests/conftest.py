@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib._bootstrap
 import os
 import shutil
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -27,6 +32,40 @@ FAST_LIMIT_S = float(os.environ.get("Q2REAL_FAST_LIMIT_S", "5")) * (1 if WORKER 
 """Longest a test outside the slow tier may take (setup + call + teardown) before it fails as mismarked;
 twice that in a pytest-xdist worker, where a learning run beside it takes the other core."""
 _PHASES = pytest.StashKey[dict[str, float]]()
+_IMPORTS = pytest.StashKey[float]()
+
+
+class ImportClock:
+    """Seconds spent executing first imports, so the fast tier's guard charges a test only for what it
+    costs itself: whichever test first imports torch._dynamo, MuJoCo Playground or JAX pays seconds that
+    depend on its place in the run, not on its own work.
+
+    It wraps `_find_and_load`, the one function both the `import` statement and `importlib.import_module`
+    call for a module not yet in `sys.modules`; nested imports are counted once, in their outermost import.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = threading.local()
+        self._find_and_load = importlib._bootstrap._find_and_load
+
+    def install(self) -> None:
+        importlib._bootstrap._find_and_load = self._timed  # type: ignore[attr-defined]
+
+    def _timed(self, name: str, import_: Callable[..., ModuleType]) -> ModuleType:
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        start = time.perf_counter()
+        try:
+            return self._find_and_load(name, import_)
+        finally:
+            self._depth.n = depth
+            if depth == 0:
+                self.seconds += time.perf_counter() - start
+
+
+IMPORT_CLOCK = ImportClock()
+IMPORT_CLOCK.install()
 
 
 REALTIME_DIR = Path(__file__).resolve().parent / "deploy_ros"
@@ -69,18 +108,29 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    item.stash[_IMPORTS] = IMPORT_CLOCK.seconds
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A test without the slow marker that takes longer than FAST_LIMIT_S fails, saying so: the fast tier
-    stays fast only if what is slow is marked. Session fixtures built in a test's setup count against it."""
+    stays fast only if what is slow is marked. Session fixtures built in a test's setup count against it;
+    first imports do not (`ImportClock`)."""
     report = yield
     phases = item.stash.setdefault(_PHASES, {})
     phases[call.when] = call.duration
-    total = sum(phases.values())
-    if call.when == "teardown" and not item.get_closest_marker("slow") and total > FAST_LIMIT_S and report.passed:
+    if call.when != "teardown" or item.get_closest_marker("slow") or not report.passed:
+        return report
+    imports = IMPORT_CLOCK.seconds - item.stash[_IMPORTS]
+    own = sum(phases.values()) - imports
+    if own > FAST_LIMIT_S:
         report.outcome = "failed"
         report.longrepr = (
-            f"{item.nodeid} took {total:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}), over the "
-            f"fast tier's {FAST_LIMIT_S:g} s: mark it @pytest.mark.slow or make it faster"
+            f"{item.nodeid} took {own:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}, less "
+            f"{imports:.1f} s of first imports), over the fast tier's {FAST_LIMIT_S:g} s: mark it "
+            "@pytest.mark.slow or make it faster"
         )
     return report
 

@@ -29,6 +29,37 @@ def test_an_unmarked_test_over_the_limit_fails_and_a_slow_one_does_not(
     result.stdout.fnmatch_lines(["*test_unmarked took 0.4 s*over the fast tier's 0.2 s: mark it @pytest.mark.slow*"])
 
 
+def test_first_imports_are_not_charged_to_the_test_that_pays_them(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heavy first import (torch._dynamo, Playground, JAX) lands on whichever test runs first; the guard
+    leaves it out, yet still fails the same test when it is slow on its own work."""
+    monkeypatch.setenv("Q2REAL_FAST_LIMIT_S", "0.2")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    mjx: mjx\n")
+    pytester.makepyfile(
+        heavy_setup="import time\nimport heavy_nested\ntime.sleep(0.2)\n",
+        heavy_nested="import time\ntime.sleep(0.2)\n",
+        heavy_call="import time\ntime.sleep(0.4)\n",
+        test_imports=(
+            "import importlib, time, pytest\n"
+            "@pytest.fixture\n"
+            "def loaded():\n"
+            "    import heavy_setup\n"
+            "def test_imports_in_setup(loaded): pass\n"
+            "def test_imports_in_call():\n"
+            "    importlib.import_module('heavy_call')\n"
+            "def test_slow_beside_an_import():\n"
+            "    import csv\n"
+            "    time.sleep(0.4)\n"
+        ),
+    )
+    result = pytester.runpytest_subprocess("test_imports.py")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*test_slow_beside_an_import took 0.4 s*of first imports), over the fast tier's*"])
+
+
 @pytest.mark.slow  # two pytest runs in subprocesses, one of them importing torch as a worker does: 6 s
 def test_a_slow_deploy_test_is_realtime_and_fails_inside_a_parallel_worker(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
