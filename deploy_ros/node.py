@@ -49,9 +49,10 @@ from q2real.deploy_ros.schema import BundleError, brief, robot_from_metadata
 from q2real.deploy_ros.settings import NodeConfig, local_robot
 from q2real.deploy_ros.timing import COLUMN, TickTimes
 from q2real.hardware.spec import RobotSpec, SpecError, differences, tighter
+from q2real.safety.compiled import Shield
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.limits import clip
-from q2real.safety.shield import Command, Shield
+from q2real.safety.shield import Command
 
 REFUSAL_CHARS = 300
 """Longest refusal reason kept for diagnostics: a hostile message must not be republished whole."""

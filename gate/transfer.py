@@ -32,8 +32,9 @@ from q2real.deploy_ros.schema import robot_from_metadata
 from q2real.gate.perturbations import perturbations
 from q2real.hardware import robot_spec
 from q2real.hardware.action import action_from_command
+from q2real.safety.compiled import Shield
 from q2real.safety.flags import CLAMPS
-from q2real.safety.shield import Shield, ShieldConfig
+from q2real.safety.shield import ShieldConfig
 from q2real.sim import RandomizationConfig
 from q2real.sim.config import resolve_backend
 from q2real.sim.env import TaskEnv

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Literal
 
@@ -122,30 +122,60 @@ class Command:
     """Set on the tick the mode changed: why."""
 
 
-@dataclass
+RULE_NAMES = [str(rule.name) for rule in Rule]
+"""Rule i is bit i (`Rule`): its count lives in `Counters.counts[i]`."""
+TICKS, RUN_TICKS, RUN_INTERVENTIONS = len(RULE_NAMES), len(RULE_NAMES) + 1, len(RULE_NAMES) + 2
+
+
 class Counters:
-    rules: dict[str, int] = field(default_factory=lambda: {str(r.name): 0 for r in Rule})
-    ticks: int = 0
-    run_ticks: int = 0
-    """Ticks in RUN: the policy's own."""
-    run_interventions: int = 0
-    """RUN ticks on which a clamp (`CLAMPS`) changed the policy's command: over `run_ticks`, how often
-    the shield overrides the policy, with neither the ramp's nor a fallback's ticks in the count."""
-    run_change: float = 0.0
-    """Sum over RUN ticks of how far the clamps moved the command (mean over joints, in action units,
-    from the unclipped action): over `run_ticks`, how hard the policy presses against the rules, which
-    a count cannot tell once some joint is clamped on every tick."""
+    """What the shield did, held in two arrays so that the compiled shield counts in place."""
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(len(RULE_NAMES) + 3, dtype=np.int64)
+        """Ticks on which each rule acted (index = bit), then ticks, RUN ticks and RUN interventions."""
+        self.change = np.zeros(1)
+        """`run_change`, as a one-element array."""
+
+    @property
+    def rules(self) -> dict[str, int]:
+        return {name: int(self.counts[i]) for i, name in enumerate(RULE_NAMES)}
+
+    @property
+    def ticks(self) -> int:
+        return int(self.counts[TICKS])
+
+    @property
+    def run_ticks(self) -> int:
+        """Ticks in RUN: the policy's own."""
+        return int(self.counts[RUN_TICKS])
+
+    @property
+    def run_interventions(self) -> int:
+        """RUN ticks on which a clamp (`CLAMPS`) changed the policy's command: over `run_ticks`, how often
+        the shield overrides the policy, with neither the ramp's nor a fallback's ticks in the count."""
+        return int(self.counts[RUN_INTERVENTIONS])
+
+    @property
+    def run_change(self) -> float:
+        """Sum over RUN ticks of how far the clamps moved the command (mean over joints, in action units,
+        from the unclipped action): over `run_ticks`, how hard the policy presses against the rules, which
+        a count cannot tell once some joint is clamped on every tick."""
+        return float(self.change[0])
+
+    def count(self, rule: Rule) -> None:
+        """One more tick on which `rule` acted outside a tick (a refused ramp)."""
+        self.counts[int(rule).bit_length() - 1] += 1
 
     def add(self, flags: int, mode: Mode, change: float) -> None:
-        self.ticks += 1
+        self.counts[TICKS] += 1
         if mode == Mode.RUN:
-            self.run_ticks += 1
-            self.run_interventions += bool(flags & _CLAMPS)
-            self.run_change += change
+            self.counts[RUN_TICKS] += 1
+            self.counts[RUN_INTERVENTIONS] += bool(flags & _CLAMPS)
+            self.change[0] += change
         if flags:
-            for name, bit in _BITS:
+            for i, (_, bit) in enumerate(_BITS):
                 if flags & bit:
-                    self.rules[name] += 1
+                    self.counts[i] += 1
 
 
 class Workspace:
@@ -182,7 +212,38 @@ class Workspace:
         return bool(((points >= self.lower) & (points <= self.upper)).all())
 
 
-class Shield:
+_EMPTY = np.zeros(0)
+STALE = "no valid, fresh joint state within max_state_age"
+
+
+def beyond_limit(joint: str, tolerance: float) -> str:
+    return f"joint '{joint}' measured beyond its hard limit + {tolerance}: sensor or calibration fault"
+
+
+def too_fast(joint: str, ratio: float, fault: float) -> str:
+    return f"joint '{joint}' measured at {ratio:.3g} times its velocity limit (fault above {fault}): sensor fault"
+
+
+def missed(count: int) -> str:
+    return f"{count} consecutive policy deadline misses"
+
+
+def unusable(count: int, flag: int) -> str:
+    return f"{count} consecutive unusable policy outputs ({Rule(flag).name})"
+
+
+def parse_action(action) -> np.ndarray:
+    """The policy's output as a flat float64 array; an empty one (misshaped) when it cannot be read as one."""
+    try:
+        return np.asarray(action, dtype=float).reshape(-1)
+    except (TypeError, ValueError, OverflowError):
+        return _EMPTY
+
+
+class ReferenceShield:
+    """The shield's rules in plain numpy: the specification that the compiled `Shield` is tested against
+    tick for tick (`tests/safety/test_compiled_shield.py`), and the one to read."""
+
     def __init__(self, spec: RobotSpec, config: ShieldConfig | None = None, veto: Veto | None = None):
         self.spec, self.config, self.veto = spec, config or ShieldConfig(), veto
         cfg = self.config
@@ -246,7 +307,7 @@ class Shield:
                 f"ramp refused: measured pose is {distance:.3f} from the default pose "
                 f"(limit {self.config.ramp_max_distance})"
             )
-            self.counters.rules["RAMP_REFUSED"] += 1
+            self.counters.count(Rule.RAMP_REFUSED)
             return False
         self._ramp_from = clip(self._q, self.hard_lo, self.hard_hi)
         self._previous = self._ramp_from.copy()
@@ -292,27 +353,32 @@ class Shield:
             self._set_mode(mode, reason)
 
     # --- one tick --------------------------------------------------------------------------------
-    def _read_state(self, names: Sequence[str], position, velocity, stamp: float, now: float) -> int:
-        flags = 0
+    def _parse_state(self, names: Sequence[str], position, velocity) -> tuple[int, np.ndarray, np.ndarray]:
+        """(flags, q, qd) in spec order: STATE_MISSING with empty arrays when the message cannot be read
+        as one, or with NaN in the joints it lacks."""
         try:
             position = np.asarray(position, dtype=float).reshape(-1)
             velocity = np.asarray(velocity, dtype=float).reshape(-1)
             names = list(names)
-        except (TypeError, ValueError):
-            return R.STATE_MISSING
+        except (TypeError, ValueError, OverflowError):
+            return R.STATE_MISSING, _EMPTY, _EMPTY
         if not len(names) == len(position) == len(velocity):
-            return R.STATE_MISSING
+            return R.STATE_MISSING, _EMPTY, _EMPTY
         if names == self.names:  # the common case: the robot publishes in spec order
-            q, qd = position.copy(), velocity.copy()
-        else:
-            n = len(self.names)
-            q, qd, seen = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
-            for name, p, v in zip(names, position, velocity, strict=True):
-                i = self._index.get(name)
-                if i is not None:
-                    q[i], qd[i], seen[i] = p, v, True
-            if not seen.all():
-                flags |= R.STATE_MISSING
+            return 0, position, velocity
+        n = len(self.names)
+        q, qd, seen = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
+        for name, p, v in zip(names, position, velocity, strict=True):
+            i = self._index.get(name)
+            if i is not None:
+                q[i], qd[i], seen[i] = p, v, True
+        return (0 if seen.all() else R.STATE_MISSING), q, qd
+
+    def _read_state(self, names: Sequence[str], position, velocity, stamp: float, now: float) -> int:
+        flags, q, qd = self._parse_state(names, position, velocity)
+        if not q.size and flags:
+            return flags
+        q, qd = q.copy(), qd.copy()
         if not (np.isfinite(q).all() and np.isfinite(qd).all()):
             flags |= R.STATE_NONFINITE
         if not (math.isfinite(stamp) and math.isfinite(now)) or not (-self.config.max_state_age <= now - stamp):
@@ -324,15 +390,12 @@ class Shield:
         tol = self.config.position_tolerance
         if (q < self.hard_lo - tol).any() or (q > self.hard_hi + tol).any():
             worst = self.names[int(np.argmax(np.maximum(self.hard_lo - q, q - self.hard_hi)))]
-            self.estop(f"joint '{worst}' measured beyond its hard limit + {tol}: sensor or calibration fault")
+            self.estop(beyond_limit(worst, tol))
             return flags | R.STATE_OUT_OF_LIMITS
         speed = np.abs(qd) / self.max_velocity
         if (speed > self.config.velocity_fault_factor).any():
             worst = self.names[int(np.argmax(speed))]
-            self.estop(
-                f"joint '{worst}' measured at {speed.max():.3g} times its velocity limit "
-                f"(fault above {self.config.velocity_fault_factor}): sensor fault"
-            )
+            self.estop(too_fast(worst, float(speed.max()), self.config.velocity_fault_factor))
             return flags | R.STATE_OUT_OF_LIMITS
         if not flags & R.STATE_STALE:
             # A stamp ahead of the tick's clock must not keep the state fresh past max_state_age.
@@ -343,13 +406,10 @@ class Shield:
         if action is None or (policy_time is not None and not policy_time <= self.deadline):
             self._misses += 1
             if self._misses >= self.config.max_deadline_misses:
-                self.fall_back(f"{self._misses} consecutive policy deadline misses")
+                self.fall_back(missed(self._misses))
             return None, R.DEADLINE_MISS
         self._misses = 0
-        try:
-            action = np.asarray(action, dtype=float).reshape(-1)
-        except (TypeError, ValueError):
-            action = np.full(0, np.nan)
+        action = parse_action(action)
         flag = 0
         if action.shape != (len(self.names),):
             flag = R.ACTION_SHAPE
@@ -358,7 +418,7 @@ class Shield:
         if flag:
             self._bad += 1
             if self._bad >= self.config.max_bad_actions:
-                self.fall_back(f"{self._bad} consecutive unusable policy outputs ({Rule(flag).name})")
+                self.fall_back(unusable(self._bad, flag))
             return None, flag
         self._bad = 0
         return action, 0
@@ -380,7 +440,7 @@ class Shield:
         # A clock that jumps backwards past the last valid state makes it as untrustworthy as an old one.
         if self._last_valid is None or not (-age <= now - self._last_valid <= age):
             flags |= R.STATE_STALE
-            self.fall_back("no valid, fresh joint state within max_state_age")
+            self.fall_back(STALE)
         target = self._previous.copy()
         effort = np.zeros(len(self.names))
         wanted = None

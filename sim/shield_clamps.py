@@ -1,7 +1,7 @@
 """The shield's deterministic per-tick clamps as batched torch, so a policy trains under the rules the
 robot will enforce on it (`env.shield_in_loop`).
 
-The same rules as `q2real.safety.shield.Shield` in RUN, in the same order, for every env at once:
+The same rules as `q2real.safety.shield.ReferenceShield` in RUN, in the same order, for every env at once:
   clip + map    a in [-action_clip, action_clip]; target = offset + scale a (effort for torque robots)
   soft limits   the target inside the hard limits shrunk by `soft_limit_margin`
   rate          |target - previous target| <= velocity_limit * dt, and inside the hard limits

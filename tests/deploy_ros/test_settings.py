@@ -14,7 +14,8 @@ from q2real.configs.loader import ConfigError, load
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig, config_from_parameters
 from q2real.hardware import robot_spec
-from q2real.safety.shield import Shield, ShieldConfig
+from q2real.safety.compiled import Shield
+from q2real.safety.shield import ShieldConfig
 
 BAD_SETTINGS = [
     ("control_period", -0.02),

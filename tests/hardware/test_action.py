@@ -8,7 +8,8 @@ import torch
 
 from q2real.hardware import robot_spec
 from q2real.hardware.action import action_from_command, action_mapping, command_from_action
-from q2real.safety.shield import Shield, ShieldConfig
+from q2real.safety.compiled import Shield
+from q2real.safety.shield import ShieldConfig
 from q2real.sim import make
 
 TASKS = {"pendulum": "pendulum_swingup", "panda": "panda_reach", "spot": "spot_joystick"}
