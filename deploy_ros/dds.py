@@ -32,7 +32,7 @@ from cyclonedds.util import duration
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
+from q2real.deploy_ros.commands import ForwardCommand, command_message, diagnostics_message, stamp_now
 from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
 from q2real.deploy_ros.inputs import STREAMS
 from q2real.deploy_ros.node import PolicyNode, Tick
@@ -177,6 +177,7 @@ class DdsNode:
         self.command_type = msg.JointTrajectory if config.command_style == "trajectory" else msg.Float64MultiArray
         self.command_topic = config.command_topic()
         self.command_writer = self.dds.writer(self.command_topic, self.command_type)
+        self._forward = ForwardCommand(msg, len(node.names)) if config.command_style == "forward" else None
         node.subscribers = lambda: len(self.command_writer.get_matched_subscriptions())
         self.diagnostics_writer = self.dds.writer(topics.diagnostics, msg.DiagnosticArray)
         self._first_names: list[str] | None = None
@@ -213,10 +214,15 @@ class DdsNode:
 
     def publish(self, tick: Tick) -> None:
         node = self.node
-        message = command_message(
-            msg, node.config.command_style, node.interface, node.names, tick.values, node.period, stamp_now(msg)
-        )
-        self.command_writer.write(message)
+        if self._forward is not None:
+            self._forward.set(tick.values)
+            self.command_writer.write(self._forward.message)
+            message = self._forward.last
+        else:
+            message = command_message(
+                msg, node.config.command_style, node.interface, node.names, tick.values, node.period, stamp_now(msg)
+            )
+            self.command_writer.write(message)
         if self.recorder is not None:
             self.recorder.write(tick, message)
 

@@ -440,10 +440,8 @@ class PolicyNode:
             self.policy_queries += 1
             self._cost_q = math.nan  # a failed run leaves no value behind for the veto to trust
             try:
-                if self.config.cost_veto is None:
-                    commands = self.bundle(obs)
-                else:
-                    commands, cost = self.bundle.with_cost(obs)
+                commands, cost = self.bundle.act(obs)
+                if self.config.cost_veto is not None and cost is not None:
                     self._cost_q = float(cost[0])
             except Exception as err:  # onnxruntime raises its own types; the shield counts the failure
                 return self._unusable(f"policy: the bundle failed on this observation: {err}", None)

@@ -70,7 +70,8 @@ class Recorder:
         self._queue.put((time.time_ns(), None, json.dumps(event)))
 
     def _write(self, key: str, stamp: int, message) -> None:
-        self.writer.write(self.connections[key], stamp, message.serialize())
+        """`message`: a message object, or its CDR bytes as written to DDS (`ForwardCommand.last`)."""
+        self.writer.write(self.connections[key], stamp, message if isinstance(message, bytes) else message.serialize())
 
     def _record(self, stamp: int, tick: Tick | None, command_message) -> None:
         if tick is None:

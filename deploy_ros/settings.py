@@ -150,6 +150,14 @@ class FinetuneSettings:
     """`q2real finetune` settings for the learner (`actor_start=2000`, `warmup_steps=500`, ...)."""
     learner_startup: float = 120.0
     """Seconds to wait for the learner to load the run before giving up (the robot waits too)."""
+    learner_nice: int = 10
+    """How much nicer (1-19) than the node the learner runs, or the link to a remote one: on a CPU they
+    share, the node's ticks come first. It always runs under the normal scheduler, even beside a
+    SCHED_FIFO node."""
+    learner_cpus: tuple[int, ...] | None = None
+    """CPUs the learner (or the link) may run on; None: those the node is not pinned to (`realtime.cpus`),
+    or, for a node that is not pinned, every CPU but the first, which is left to the node (on a
+    one-CPU machine, that CPU)."""
     learner_address: str | None = None
     """HOST:PORT of a remote learner (`q2real learn --serve` on a workstation) instead of one on the
     robot: the run and the learner's settings are then the workstation's (`q2real.deploy_ros.link`)."""
@@ -177,6 +185,11 @@ class FinetuneSettings:
         checks.number("finetune.intervention_rise", self.intervention_rise, above=0.0, at_most=1.0)
         checks.number("finetune.parity_tolerance", self.parity_tolerance, above=0.0, at_most=0.1)
         checks.number("finetune.learner_startup", self.learner_startup, above=0.0, at_most=3600.0)
+        checks.number("finetune.learner_nice", self.learner_nice, at_least=1, at_most=19)
+        if self.learner_cpus is not None:
+            checks.numbers("finetune.learner_cpus", self.learner_cpus, at_least=0, at_most=4095)
+            if not self.learner_cpus or len(set(self.learner_cpus)) != len(self.learner_cpus):
+                raise ValueError(f"finetune.learner_cpus: expected distinct CPU numbers, got {list(self.learner_cpus)}")
         if self.learner_address is not None:
             checks.address("finetune.learner_address", self.learner_address)
             if self.run is not None or self.learner:

@@ -133,13 +133,13 @@ def test_a_state_the_critic_scores_unsafe_is_held_and_a_safe_one_runs_the_policy
 def test_a_cost_value_that_is_not_a_finite_number_is_vetoed(safe_bundle, value) -> None:
     node, now = _running(safe_bundle, veto=1.0)
     bundle = node.bundle
-    real = bundle.with_cost
+    real = bundle.act
 
     def broken(obs):
         commands, cost = real(obs)
         return commands, np.full_like(cost, value)
 
-    bundle.with_cost = broken  # a graph whose cost output broke: the action must not run on its word
+    bundle.act = broken  # a graph whose cost output broke: the action must not run on its word
     node.on_joint_state(["hinge"], [0.2], [-3.0], [], received=now)  # a state the critic scores safe
     assert node.tick(now).command.flags & Rule.VETO
 

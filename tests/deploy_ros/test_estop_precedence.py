@@ -278,8 +278,11 @@ def test_a_policy_that_fails_or_misshapes_at_run_time_never_reaches_the_robot(pe
         raise RuntimeError("onnxruntime: invalid input")
 
     # onnxruntime cannot be made to do either on a valid graph: its run is replaced for these ticks.
-    for run, reason in [(fails, "policy: the bundle failed"), (lambda *_: [np.ones((3, 1), np.float32)], "shape")]:
-        node.bundle.session.run = run
+    for run, reason in [
+        (fails, "policy: the bundle failed"),
+        (lambda *_: (np.ones((3, 1), np.float32), None), "shape"),
+    ]:
+        node.bundle.act = run
         node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
         tick = node.tick(now)
         now += DT

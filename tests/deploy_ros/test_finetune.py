@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from q2real.configs.loader import ConfigError, load
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.deploy_ros.finetune import FineTuning
+from q2real.deploy_ros.finetune import READY, FineTuning, Placement, launch, learner_cpus
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import FinetuneSettings, NodeConfig
@@ -84,11 +85,41 @@ def test_rewards_go_back_to_the_node_with_each_rows_version(tmp_path: Path) -> N
         ("finetune.learner=[run=/elsewhere]", "finetune.learner"),
         ("finetune.learner=[total_steps=5]", "finetune.learner"),
         ("finetune.learner=[actor_start]", "finetune.learner"),
+        ("finetune.learner_nice=0", "finetune.learner_nice"),
+        ("finetune.learner_nice=20", "finetune.learner_nice"),
+        ("finetune.learner_cpus=[]", "finetune.learner_cpus"),
+        ("finetune.learner_cpus=[1,1]", "finetune.learner_cpus"),
+        ("finetune.learner_cpus=[-1]", "finetune.learner_cpus"),
     ],
 )
 def test_fine_tuning_settings_are_range_checked_by_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load(NodeConfig, None, ["finetune.run=somewhere", override])
+
+
+def test_the_learner_is_placed_off_the_nodes_cpus_at_a_lower_priority(tmp_path: Path) -> None:
+    """Every thread of the launched process: the CPUs the node leaves it, the niceness asked for, and the
+    normal scheduler (a SCHED_FIFO node's child would otherwise inherit FIFO)."""
+    cpus = learner_cpus(None, ())
+    ours = os.sched_getaffinity(0)
+    assert cpus == (ours - {min(ours)} or ours)
+    if os.cpu_count() and os.cpu_count() > 1:
+        assert learner_cpus(None, (0,)) == frozenset(range(1, os.cpu_count())), "a pinned node's CPUs are left to it"
+    child = (
+        f"import pathlib, threading, time; pathlib.Path({str(tmp_path / READY)!r}).write_text('{{}}'); time.sleep(30)"
+    )
+    process = launch([sys.executable, "-c", child], tmp_path, 20.0, Placement(cpus, 7))
+    try:
+        for task in os.listdir(f"/proc/{process.pid}/task"):
+            tid = int(task)
+            assert os.sched_getaffinity(tid) == cpus
+            assert os.getpriority(os.PRIO_PROCESS, tid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
+            assert os.sched_getscheduler(tid) == os.SCHED_OTHER
+    finally:
+        process.kill()
+        process.wait()
+    with pytest.raises(ConfigError, match=r"finetune.learner_cpus: this machine has no CPUs \[4095\]"):
+        learner_cpus((4095,), ())
 
 
 @settings(max_examples=50, deadline=None)

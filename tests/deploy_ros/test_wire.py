@@ -12,6 +12,7 @@ from cyclonedds.core import Policy
 from rosbags.typesys import Stores, get_typestore
 
 from q2real.deploy_ros import messages as msg
+from q2real.deploy_ros.commands import ForwardCommand, command_message
 from q2real.deploy_ros.dds import DEFAULT_QOS, SENSOR_QOS, dds_topic
 from q2real.deploy_ros.settings import NodeConfig
 
@@ -197,3 +198,25 @@ def test_qos_is_ros2_default_for_commands_and_sensor_data_for_joint_states(parti
         assert Policy.Reliability.BestEffort in qos
         assert Policy.Durability.Volatile in qos
         assert Policy.History.KeepLast(5) in qos
+
+
+@pytest.mark.parametrize("joints", [1, 2, 7, 12, 29])
+@pytest.mark.parametrize("use_version_2", [None, False, True])
+def test_the_preserialized_forward_command_is_the_serializers_bytes(joints: int, use_version_2) -> None:
+    """Each tick's doubles are written into bytes serialized once: tick after tick, they must be what
+    the serializer (and ROS 2's, for XCDR1) writes for the same values, NaN and signed zeros included."""
+    command = ForwardCommand(msg, joints)
+    rng = np.random.default_rng(joints)
+    for values in (
+        rng.normal(0, 3, joints),
+        np.full(joints, -0.0),
+        np.full(joints, np.nan),
+        rng.normal(0, 1e300, joints),
+    ):
+        command.set(values)
+        ours = command.message.serialize(use_version_2=use_version_2)
+        reference = command_message(msg, "forward", "position", [""] * joints, values, 0.0, None)
+        assert ours == reference.serialize(use_version_2=use_version_2) and command.last == ours
+        if not use_version_2:
+            ros = STORE.deserialize_cdr(ours, "std_msgs/msg/Float64MultiArray")
+            np.testing.assert_array_equal(ros.data, values)
