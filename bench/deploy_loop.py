@@ -95,6 +95,28 @@ def where_the_time_went(result: ProbeResult, timings: Path) -> dict[str, float]:
     return {k: round(v, 3) for k, v in out.items()}
 
 
+def stage_costs(ticks: np.ndarray) -> dict[str, dict[str, float]]:
+    """p50 and p99 milliseconds of each of the node's stages over every tick where it happened."""
+    out = {}
+    for name, (a, b) in SPANS.items():
+        span = (ticks[:, COLUMN[b]] - ticks[:, COLUMN[a]]) * 1e3
+        span = span[np.isfinite(span)]
+        if span.size:
+            out[name] = {
+                "p50": round(float(np.percentile(span, 50)), 4),
+                "p99": round(float(np.percentile(span, 99)), 4),
+            }
+    return out
+
+
+def lost_ratio(node: dict, echo: dict) -> float | None:
+    """The node's lost fraction over the echo's: 1.0 when neither lost a state, None (unbounded) when
+    only the echo lost none."""
+    if echo["lost"] == 0:
+        return 1.0 if node["lost"] == 0 else None
+    return round(node["lost_fraction"] / echo["lost_fraction"], 2)
+
+
 def run_row(bundle: Path, rate: float, busy: bool, extra: tuple[str, ...], peer: str, seconds: float, tmp: Path):
     total = WARMUP + seconds + 8
     timings = tmp / f"timings_{rate:g}_{busy}_{len(extra)}.csv"
@@ -126,6 +148,7 @@ def run_row(bundle: Path, rate: float, busy: bool, extra: tuple[str, ...], peer:
         row = result.row()
         row["lost_by_window"] = window_lost
         row["slowest_1pct_ms"] = where_the_time_went(result, timings)  # type: ignore[assignment]
+        row["stage_ms"] = stage_costs(ticks)  # type: ignore[assignment]
         return row
     return result.row()
 
@@ -166,6 +189,13 @@ def main() -> None:
             f"{p99:>7} {r['answered_p50_ms']:>12.3f} {r['answered_p99_ms']:>6.3f} {r['answered_max_ms']:>6.3f}"
         )
     print("(lost = no command within 0.95 period; p99 counts lost states as infinitely late)")
+    print("\nthe node's stages over every tick (p50 / p99 ms):")
+    for (rate, load, peer), r in rows.items():
+        if peer == "node" and r.get("stage_ms"):
+            print(
+                f"{rate:>6g} {load:<30} "
+                + "  ".join(f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in r["stage_ms"].items())
+            )
     print("\nwhere the slowest 1 % of the node's states spent their time (mean ms):")
     for (rate, load, peer), r in rows.items():
         if peer == "node" and r.get("slowest_1pct_ms"):
@@ -188,6 +218,10 @@ def main() -> None:
         "answered_p99_ms_500hz": node["answered_p99_ms"],
         "echo_latency_p99_ms_500hz": echo["p99_ms"],
         "node_over_echo_p99_500hz": ratio,
+        "node_over_echo_lost_500hz": lost_ratio(node, echo),
+        "node_minus_echo_p50_ms_500hz": round(node["answered_p50_ms"] - echo["answered_p50_ms"], 3),
+        "node_over_echo_lost_500hz_busy": lost_ratio(busy_node, rows[(500.0, "busy", "echo")]),
+        "stage_ms_500hz": node.get("stage_ms"),
         "latency_p99_ms_50hz": rows[(50.0, "quiet", "node")]["p99_ms"],
         "seconds_per_row": args.seconds,
         "rows": {f"{rate:g} Hz {load} {peer}": r for (rate, load, peer), r in rows.items()},

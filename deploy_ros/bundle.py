@@ -24,7 +24,6 @@ from q2real.deploy_ros.schema import (
     cost_from_metadata,
     parse_metadata,
 )
-from q2real.hardware.action import action_from_command
 
 FLOAT_TENSORS = ("tensor(float)", "tensor(double)")
 
@@ -55,6 +54,9 @@ class PolicyBundle:
         self.info = BundleInfo.of(meta)
         self._scale = np.asarray(meta["action"]["scale"], dtype=np.float32)
         self._offset = np.asarray(meta["action"]["offset"], dtype=np.float32)
+        # `action_from_command`'s terms, computed once: this runs on every tick.
+        self._safe_scale = self._scale + (self._scale == 0)
+        self._scaled = self._scale != 0
         self._bind(meta)
         for _ in range(warmup):
             self.act(self._obs)
@@ -143,4 +145,4 @@ class PolicyBundle:
 
     def normalized(self, commands: np.ndarray) -> np.ndarray:
         """Back from joint commands to the policy's [-1, 1] action space (for evaluating in sim)."""
-        return action_from_command(commands, self._scale, self._offset)
+        return (commands - self._offset) / self._safe_scale * self._scaled

@@ -88,7 +88,7 @@ class Tick:
 
 
 Publish = Callable[[Tick], None]
-UNUSABLE_STATE = Rule.STATE_MISSING | Rule.STATE_NONFINITE | Rule.STATE_OUT_OF_LIMITS | Rule.STATE_STALE
+UNUSABLE_STATE = int(Rule.STATE_MISSING | Rule.STATE_NONFINITE | Rule.STATE_OUT_OF_LIMITS | Rule.STATE_STALE)
 
 
 class PolicyNode:
@@ -132,6 +132,8 @@ class PolicyNode:
         """The joints' command interface: an effort controller for torque robots, position otherwise."""
         self._effort_limit = self.spec.array("effort_limit")
         self._latest: JointSample | None = None
+        self._layout: tuple[list[str], np.ndarray, np.ndarray] | None = None
+        """The last valid message's joint names, the indices it uses and the rows they fill."""
         self._used: JointSample | None = None
         self._state_period = math.inf
         """Smoothed seconds between joint states."""
@@ -239,16 +241,17 @@ class PolicyNode:
         now = time.monotonic()
         # A stamp from the future would make the state look fresh for longer than it is.
         received = now if received is None else min(received, now)
-        reason = self._malformed(list(names), position, velocity, effort)
-        if reason is not None:
-            self._refuse(reason)
-            return reason
-        rows = [self._index.get(n, -1) for n in names]
+        read = self._read(list(names), position, velocity, effort)
+        if isinstance(read, str):
+            self._refuse(read)
+            return read
+        position, velocity = read
+        assert self._layout is not None, "a message that was read has set the layout"
+        _, used, rows = self._layout
         q = np.full(len(self.joints), np.nan)
         qd = np.full(len(self.joints), np.nan)
-        for row, p, v in zip(rows, position, velocity, strict=True):
-            if row >= 0:
-                q[row], qd[row] = p, v
+        q[rows] = position[used]
+        qd[rows] = velocity[used]
         if self._latest is not None:
             gap = received - self._latest.received
             self._state_period = gap if math.isinf(self._state_period) else 0.9 * self._state_period + 0.1 * gap
@@ -262,25 +265,36 @@ class PolicyNode:
         self.refused[reason.split(":")[0]] += 1
         self.last_refusal = reason[:REFUSAL_CHARS]
 
-    def _malformed(self, names: list[str], position, velocity, effort) -> str | None:
+    def _read(self, names: list[str], position, velocity, effort) -> str | tuple[np.ndarray, np.ndarray]:
+        """Why the message is refused, or its positions and velocities as arrays (in message order; the
+        joint layout in `_layout`). A robot sends the same names every time: they are checked once,
+        then only the lengths and the values are checked per message."""
         n = len(names)
         if len(position) != n or len(velocity) != n or len(effort) not in (0, n):
             return (
                 f"lengths: {n} names, {len(position)} positions, {len(velocity)} velocities, "
                 f"{len(effort)} efforts (positions and velocities must match the names; efforts too or empty)"
             )
-        if len(set(names)) != n:
-            return f"duplicate: joint names repeat in {brief(names)}"
-        unknown = [name for name in names if name not in self._allowed]
-        if unknown:
-            return f"unknown: joints {brief(unknown)} are not the bundle's ({brief(list(self.joints))})"
-        missing = [name for name in self.joints if name not in names]
-        if missing:
-            return f"missing: joints {brief(missing)} absent"
-        used = [i for i, name in enumerate(names) if name in self._index]
-        if not (np.isfinite(np.asarray(position)[used]).all() and np.isfinite(np.asarray(velocity)[used]).all()):
+        if self._layout is None or names != self._layout[0]:
+            if len(set(names)) != n:
+                return f"duplicate: joint names repeat in {brief(names)}"
+            unknown = [name for name in names if name not in self._allowed]
+            if unknown:
+                return f"unknown: joints {brief(unknown)} are not the bundle's ({brief(list(self.joints))})"
+            missing = [name for name in self.joints if name not in names]
+            if missing:
+                return f"missing: joints {brief(missing)} absent"
+            used = [i for i, name in enumerate(names) if name in self._index]
+            rows = [self._index[names[i]] for i in used]
+            self._layout = (names, np.array(used, dtype=np.intp), np.array(rows, dtype=np.intp))
+        try:
+            position, velocity = np.asarray(position, dtype=float), np.asarray(velocity, dtype=float)
+        except (TypeError, ValueError):
+            return "nonfinite: a position or velocity is not a number"
+        used = self._layout[1]
+        if not (np.isfinite(position[used]).all() and np.isfinite(velocity[used]).all()):
             return "nonfinite: a position or velocity is NaN or infinite (efforts may be NaN)"
-        return None
+        return position, velocity
 
     def on_estop(self, engaged: bool, reason: str = "e-stop message") -> None:
         """`True` latches ESTOP at the next tick, which comes at once; `False` (a released button)
@@ -389,7 +403,7 @@ class PolicyNode:
             # An effort interface has no PD of its own: the shield's damping is applied here, and only
             # with a state the shield accepted this tick (a stale or faulty velocity damps nothing).
             values = command.effort
-            if sample is not None and not command.flags & UNUSABLE_STATE:
+            if sample is not None and not int(command.flags) & UNUSABLE_STATE:
                 values = values + command.kp * (command.position - q) - command.kd * qd
             values = clip(values, -self._effort_limit, self._effort_limit)
         else:
