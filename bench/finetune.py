@@ -19,7 +19,8 @@ noise, on 32 seeded episodes of the shifted simulator. Headline keys: `recovered
 node's last good version, offline on the shifted dynamics ÷ the deployed bundle offline on nominal
 dynamics: the pre-shift level), beside `frozen_return_ratio` (the deployed bundle on the shifted
 dynamics ÷ the same), and `tick_p99_ratio_with_learner` (the fine-tuned run's tick latency p99 ÷ the
-no-learner run's). Prints a table, writes bench/results/finetune.json and finetune.png (both views),
+no-learner run's), with `loop_deadline_miss_fraction_with_learner`.
+Prints a table, writes bench/results/finetune.json and finetune.png (both views),
 and prints the headline JSON as its last line. About 2 x `--duration` + 60 s + 2 s per version.
 """
 
@@ -223,6 +224,7 @@ def main() -> None:
         "tick_p99_ms_with_learner": rows["fine-tuned"]["p99_ms"],
         "tick_p99_ms_without_learner": rows["no learner"]["p99_ms"],
         "loop_deadline_misses_with_learner": rows["fine-tuned"]["loop_misses"],
+        "loop_deadline_miss_fraction_with_learner": rows["fine-tuned"]["loop_misses"] / rows["fine-tuned"]["ticks"],
         "robot_seconds_after_shift": end - args.shift_at,
         "versions_swapped": finetune["swaps"],
         "rollbacks": finetune["rollbacks"],
