@@ -26,6 +26,7 @@ from q2real.deploy_ros.dds import ROBOT_STARTUP, DdsNode, use_loopback
 from q2real.deploy_ros.finetune import FineTuning
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.safety.compiled import COMPILE_SECONDS
 
 SIM_STARTUP = 30.0
 """Seconds to wait for the sim robot's first joint state: its process imports MuJoCo (and, for a task's
@@ -122,6 +123,8 @@ def deploy(
     if sim:
         use_loopback()
     node = PolicyNode(bundle, config)
+    # Paid when the node's modules were imported: before the robot is even awaited, never in a tick.
+    print(f"shield: compiled kernels ready ({COMPILE_SECONDS:.2f} s to compile or load from the cache)", flush=True)
     robot = tuning = None
     switch_interval = sys.getswitchinterval()
     applied: list[str] = []
