@@ -13,37 +13,22 @@ CONFTEST = Path(__file__).resolve().parent / "conftest.py"
 def test_an_unmarked_test_over_the_limit_fails_and_a_slow_one_does_not(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Also: a heavy first import (torch's compiler, Playground, JAX) lands on whichever test runs first,
+    so the guard leaves it out, in setup or in the call, yet still fails a test slow on its own work."""
     monkeypatch.setenv("Q2REAL_FAST_LIMIT_S", "0.2")
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the inner run is a plain one
-    pytester.makeconftest(CONFTEST.read_text())
-    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    mjx: mjx\n")
-    pytester.makepyfile(
-        "import time, pytest\n"
-        "def test_quick(): pass\n"
-        "def test_unmarked(): time.sleep(0.4)\n"
-        "@pytest.mark.slow\n"
-        "def test_marked(): time.sleep(0.4)\n"
-    )
-    result = pytester.runpytest_subprocess()
-    result.assert_outcomes(passed=3, errors=1)
-    result.stdout.fnmatch_lines(["*test_unmarked took 0.4 s*over the fast tier's 0.2 s: mark it @pytest.mark.slow*"])
-
-
-def test_first_imports_are_not_charged_to_the_test_that_pays_them(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A heavy first import (torch._dynamo, Playground, JAX) lands on whichever test runs first; the guard
-    leaves it out, yet still fails the same test when it is slow on its own work."""
-    monkeypatch.setenv("Q2REAL_FAST_LIMIT_S", "0.2")
-    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     pytester.makeconftest(CONFTEST.read_text())
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    mjx: mjx\n")
     pytester.makepyfile(
         heavy_setup="import time\nimport heavy_nested\ntime.sleep(0.2)\n",
         heavy_nested="import time\ntime.sleep(0.2)\n",
         heavy_call="import time\ntime.sleep(0.4)\n",
-        test_imports=(
+        test_tiers=(
             "import importlib, time, pytest\n"
+            "def test_quick(): pass\n"
+            "def test_unmarked(): time.sleep(0.4)\n"
+            "@pytest.mark.slow\n"
+            "def test_marked(): time.sleep(0.4)\n"
             "@pytest.fixture\n"
             "def loaded():\n"
             "    import heavy_setup\n"
@@ -55,8 +40,9 @@ def test_first_imports_are_not_charged_to_the_test_that_pays_them(
             "    time.sleep(0.4)\n"
         ),
     )
-    result = pytester.runpytest_subprocess("test_imports.py")
-    result.assert_outcomes(passed=3, errors=1)
+    result = pytester.runpytest_subprocess("test_tiers.py")
+    result.assert_outcomes(passed=6, errors=2)
+    result.stdout.fnmatch_lines(["*test_unmarked took 0.4 s*over the fast tier's 0.2 s: mark it @pytest.mark.slow*"])
     result.stdout.fnmatch_lines(["*test_slow_beside_an_import took 0.4 s*of first imports), over the fast tier's*"])
 
 

@@ -184,10 +184,13 @@ class GaussianActor(nn.Module):
         super().__init__()
         self.body = trunk(kind, 1, obs_dim, hidden)
         self.head = EnsembleLinear(1, hidden[-1] if kind != "flash" else hidden[0], 2 * action_dim)
+        self.action_dim = action_dim
         self.log_std_min, self.log_std_max = log_std
 
     def distribution(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, raw = self.head(self.body(obs.unsqueeze(0))).squeeze(0).chunk(2, dim=-1)
+        out = self.head(self.body(obs.unsqueeze(0))).squeeze(0)
+        # Constant slices, not chunk(2): an exported chunk reads the width from the tensor at run time.
+        mean, raw = out[..., : self.action_dim], out[..., self.action_dim :]
         # Smooth squash of log-std into its bounds keeps gradients alive at the edges.
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (torch.tanh(raw) + 1)
         return mean, log_std

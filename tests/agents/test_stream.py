@@ -159,6 +159,7 @@ def test_stream_ac_settings_are_range_checked_by_key(key: str, value: object) ->
     assert failed == [key]
 
 
+@pytest.mark.slow  # three CLI runs: 2.4 s quiet, 4.4 s on a slow day
 def test_the_streaming_loop_trains_checkpoints_and_resumes_through_the_cli(tmp_path) -> None:
     from q2real.cli.main import main
 

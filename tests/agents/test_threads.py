@@ -77,6 +77,7 @@ def test_mlp_updates_are_bit_identical_on_one_and_two_threads() -> None:
     assert torch.equal(train(1), train(2))
 
 
+@pytest.mark.slow  # a training run in a subprocess: 3.7 s quiet, 4.9 s on a slow day
 def test_the_run_records_its_thread_policy(tmp_path: Path) -> None:
     from q2real.agents.config import TrainConfig
     from q2real.agents.train import train

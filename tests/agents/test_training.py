@@ -100,6 +100,7 @@ class Poison(Callback):
                 next(trainer.agent.critic.parameters()).fill_(float("nan"))
 
 
+@pytest.mark.slow  # two training runs: 2.8 s quiet, 4.3 s on a slow day
 def test_non_finite_loss_stops_training_naming_it_and_the_last_checkpoint(tmp_path: Path) -> None:
     trainer = Trainer(small(tmp_path, "nan"), callbacks=[Poison()])
     with pytest.raises(NonFiniteError, match=r"critic_loss became non-finite at env step \d+.*last good checkpoint: "):

@@ -170,7 +170,8 @@ def test_bundle_and_torch_policy_earn_the_same_returns(sac_run: Path) -> None:
     [
         ("td3", "cartpole_swingup"),
         ("ddpg", "pendulum_swingup"),
-        ("flashsac", "pendulum_swingup"),
+        # FlashSAC's wide residual blocks train and export in 2.5 s quiet, 4.5 s on a slow day.
+        pytest.param("flashsac", "pendulum_swingup", marks=pytest.mark.slow),
         ("sac", "gymnasium:Pendulum-v1"),
     ],
 )

@@ -128,6 +128,7 @@ def test_the_gate_passes_the_panda_reach_bench_policy(panda_reach_run: Path) -> 
     assert report["transfer_ratio_in_range_lower"] >= report["threshold"]
 
 
+@pytest.mark.slow  # the gate over both backends: 4.3 s quiet
 def test_the_gate_fails_a_policy_that_relies_on_what_the_shield_forbids(tmp_path: Path, pendulum_run: Path) -> None:
     """The shield row: the same episodes with and without the shield. A bundle whose robot's effort limit
     is a third of what the policy learned to use keeps far less of its return behind the shield."""
