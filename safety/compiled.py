@@ -427,6 +427,18 @@ before any shield exists, so never on a tick (about 8 s the first time on a 2-co
 from the cache)."""
 
 
+def _int_slot(slot: int) -> property:
+    """One of the reference's integer attributes, kept in the kernel's `ints`."""
+
+    def get(shield: Shield) -> int:
+        return int(shield._ints[slot])
+
+    def set_(shield: Shield, value: int) -> None:
+        shield._ints[slot] = value
+
+    return property(get, set_)
+
+
 class Shield(ReferenceShield):
     """The shield used on robots: `ReferenceShield`'s rules and operator interface, its tick compiled.
 
@@ -542,18 +554,9 @@ class Shield(ReferenceShield):
         if value is not None:
             self._state[RAMP_FROM] = value
 
-    def _int_attribute(slot: int) -> property:  # noqa: N805 (a property factory, used in the class body)
-        def get(self: Shield) -> int:
-            return int(self._ints[slot])
-
-        def set_(self: Shield, value: int) -> None:
-            self._ints[slot] = value
-
-        return property(get, set_)
-
-    _misses = _int_attribute(MISSES)
-    _bad = _int_attribute(BAD)
-    _ramp_ticks = _int_attribute(RAMP_TICKS)
+    _misses = _int_slot(MISSES)
+    _bad = _int_slot(BAD)
+    _ramp_ticks = _int_slot(RAMP_TICKS)
 
     # --- one tick --------------------------------------------------------------------------------
     def tick(
