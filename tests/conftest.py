@@ -74,6 +74,10 @@ latency or deadline misses: it runs alone (`realtime`), after the rest of the su
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if WORKER is None and config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+        # The shield's kernels compile on first import (about 8 s on a clean clone) and numba caches
+        # them: compiled here once, the workers and the node processes they start only load them.
+        import q2real.safety.compiled  # noqa: F401
     if WORKER is not None:
         import torch
 
