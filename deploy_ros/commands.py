@@ -41,7 +41,7 @@ class ForwardCommand:
     """std_msgs/Float64MultiArray for a fixed number of joints, serialized once: each tick writes its
     doubles into the serialized bytes in place, instead of building message objects and running
     cyclonedds' Python serializer (about 35 us a tick). The CDR is the serializer's own, for whichever
-    representation the writer asks for; `tests/deploy_ros/test_commands.py` holds it to the serializer."""
+    representation the writer asks for; `tests/deploy_ros/test_wire.py` holds it to the serializer."""
 
     def __init__(self, msgs: Any, joints: int):
         self.message = command_message(msgs, "forward", "position", [""] * joints, np.zeros(joints), 0.0, None)
