@@ -3,7 +3,7 @@
 from setuptools import find_namespace_packages, setup
 
 NAMESPACE = "q2real"
-FOLDERS = ["sim", "agents", "residual", "safety", "deploy_ros", "configs", "hardware", "gate", "cli"]
+FOLDERS = ["sim", "agents", "residual", "safety", "deploy_ros", "contracts", "configs", "hardware", "gate", "cli"]
 
 setup(
     package_dir={f"{NAMESPACE}.{folder}": folder for folder in FOLDERS},

@@ -16,7 +16,7 @@ import torch
 
 from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.progress import Progress
-from q2real.deploy_ros.chunks import ChunkQueue, ChunkSpec
+from q2real.contracts.chunks import ChunkQueue, ChunkSpec
 from q2real.sim import VecEnv
 
 if TYPE_CHECKING:

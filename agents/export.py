@@ -3,7 +3,7 @@
 The observation normalizer and the action-to-command scaling are baked into the graph, as rsl_rl
 does, so the robot side feeds raw observations and gets joint commands; the metadata is written
 into the ONNX file and to an identical JSON sidecar. The document's schema and its validation live in
-`q2real.deploy_ros.schema`, which the robot side reads too; neither needs the other's runtime.
+`q2real.contracts.schema`, which the robot side reads too; neither needs the other's runtime.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.learners import restore_agent
 from q2real.agents.sac_lag import SACLag
 from q2real.configs.loader import to_dict
-from q2real.deploy_ros.chunks import ChunkSpec
-from q2real.deploy_ros.schema import METADATA_KEY, SCHEMA_VERSION, BundleError, read_metadata, robot_metadata
+from q2real.contracts.chunks import ChunkSpec
+from q2real.contracts.schema import METADATA_KEY, SCHEMA_VERSION, BundleError, read_metadata, robot_metadata
 from q2real.hardware.action import command_from_action
 from q2real.sim import VecEnv, make
 

@@ -3,7 +3,7 @@
 `q2real deploy BUNDLE --finetune` starts this as its own process with one torch thread (a learner
 competing with the control loop for cores is what costs a torch process 5x; `q2real.deploy_ros.
 finetune`). It is `Finetuner` with the robot in place of a simulator: each iteration takes the next
-transition from the node's ring (`q2real.deploy_ros.transitions`) instead of stepping an env, so the
+transition from the node's ring (`q2real.contracts.transitions`) instead of stepping an env, so the
 replay, the critic-first warm-up, the updates, checkpoints and logs are the training loop's own. The
 reward is the task's, computed from the robot-side joint states of the tick after the action (tasks
 whose reward reads only joint states: `Task.joint_reward`); the stream is one continuing episode, cut
@@ -38,7 +38,7 @@ from q2real.agents.finetune import FinetuneConfig, Finetuner, HandoffEval
 from q2real.agents.train import Trainer
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError, load
-from q2real.deploy_ros.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing, version_name
+from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing, version_name
 from q2real.sim.physics import PhysicsState
 from q2real.sim.vec_env import StepResult
 
@@ -192,9 +192,7 @@ class Publisher(Callback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m q2real.agents.robot_learner", description="the learner beside the deploy node"
-    )
+    parser = argparse.ArgumentParser(prog="q2real-learner", description="the learner beside the deploy node")
     parser.add_argument("directory", type=Path, help="the node's fine-tuning directory (transitions.ring)")
     parser.add_argument("--publish-every", type=float, default=5.0, help="seconds between published versions")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process (the node) is gone")

@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from q2real.configs.loader import load
+from q2real.contracts.transitions import RING, RUN, TransitionRing
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NodeConfig
-from q2real.deploy_ros.transitions import RING, RUN, TransitionRing
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_DIR = ROOT / "tests" / "fixtures" / "pendulum_run"

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from mujoco import rollout
 
+from q2real.hardware import model as robot_model
 from q2real.hardware import robot_spec
 from q2real.sim import make
 from q2real.sim.backends.native import NativeBackend
@@ -184,9 +185,9 @@ def main() -> None:
 
     humanoid_xml = str(Path(gymnasium.__file__).parent / "envs/mujoco/assets/humanoid.xml")
     cartpole = robot_spec("cartpole")
-    cartpole_model = cartpole.load_model()
+    cartpole_model = robot_model.load_model(cartpole)
     models = {
-        "cartpole": (cartpole_model, cartpole.substeps(cartpole_model), str(cartpole.model_path)),
+        "cartpole": (cartpole_model, robot_model.substeps(cartpole, cartpole_model), str(cartpole.model_path)),
         "humanoid": (mujoco.MjModel.from_xml_path(humanoid_xml), 5, humanoid_xml),
     }
     run_mjx = args.mjx

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from q2real.deploy_ros.schema import (
+from q2real.contracts.schema import (
     METADATA_KEY,
     BundleError,
     BundleInfo,

@@ -1,9 +1,10 @@
 """Fine-tuning on the robot: the node's side. The control loop never waits on the learner.
 
-The learner (`q2real.agents.robot_learner`) is a separate process with one torch thread, started
-before the robot moves (a bad setting stops the deploy with the learner's own error). Each tick the
-node appends its transition to the ring (a few stores, after the command went out) and adds bounded
-exploration noise to the policy's action before the shield. A watcher thread, off the tick:
+The learner (`q2real-learner`, `q2real.agents.robot_learner`) is a separate process with one torch
+thread, started before the robot moves (a bad setting stops the deploy with the learner's own
+error). Each tick the node appends its transition to the ring (a few stores, after the command went
+out) and adds bounded exploration noise to the policy's action before the shield. A watcher thread,
+off the tick:
 
 - picks up the learner's newest candidate and validates it: it must load as a bundle, be for the
   same robot, observation, action mapping and control period, reproduce the learner's own outputs
@@ -42,11 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from q2real.configs.loader import ConfigError
-from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.deploy_ros.node import PolicyNode, Tick
-from q2real.deploy_ros.schema import BundleError, robot_from_metadata
-from q2real.deploy_ros.settings import FinetuneSettings
-from q2real.deploy_ros.transitions import (
+from q2real.contracts.schema import BundleError, robot_from_metadata
+from q2real.contracts.transitions import (
     CANDIDATE,
     CHANGED,
     READY,
@@ -57,6 +55,10 @@ from q2real.deploy_ros.transitions import (
     version_name,
     write_atomic,
 )
+from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.deploy_ros.node import PolicyNode, Tick
+from q2real.deploy_ros.programs import LEARNER, program
+from q2real.deploy_ros.settings import FinetuneSettings
 from q2real.hardware.spec import differences
 from q2real.safety.flags import CLAMPS, Mode
 
@@ -327,7 +329,7 @@ class FineTuning:
 
 def learner_command(directory: Path, run: str, publish_every: float, overrides: tuple[str, ...]) -> list[str]:
     """The learner process fine-tuning `run` on the transitions in `directory`; it exits with this process."""
-    command = [sys.executable, "-m", "q2real.agents.robot_learner", "--publish-every", str(publish_every)]
+    command = [program(LEARNER), "--publish-every", str(publish_every)]
     command += ["--parent-pid", str(os.getpid()), str(directory)]
     return [*command, f"run={run}", f"log.root={directory}", "log.name=learner", *overrides]
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from q2real.contracts.schema import BundleError, brief
 from q2real.deploy_ros.observation import ObservationBuilder
-from q2real.deploy_ros.schema import BundleError, brief
 from q2real.hardware.spec import ImuSpec
 from q2real.safety.flags import Mode
 

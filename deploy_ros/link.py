@@ -46,9 +46,9 @@ import numpy as np
 from q2real.configs import checks
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError
+from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, TransitionRing, version_name, write_atomic
 from q2real.deploy_ros import link_pb2 as pb
 from q2real.deploy_ros.finetune import LOG, launch, learner_command
-from q2real.deploy_ros.transitions import CANDIDATE, READY, RING, ROLLBACK, TransitionRing, version_name, write_atomic
 
 PROTOCOL = 1
 METHOD = "/q2real.link.Learner/Session"

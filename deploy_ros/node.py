@@ -28,6 +28,7 @@ time went (`q2real.deploy_ros.timing`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import threading
@@ -40,14 +41,15 @@ from typing import Any
 
 import numpy as np
 
+from q2real.contracts.chunks import ChunkQueue
+from q2real.contracts.schema import BundleError, brief, robot_from_metadata
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.deploy_ros.chunks import ChunkQueue
 from q2real.deploy_ros.inputs import Inputs
 from q2real.deploy_ros.observation import ObservationBuilder
 from q2real.deploy_ros.realtime import Collector
-from q2real.deploy_ros.schema import BundleError, brief, robot_from_metadata
 from q2real.deploy_ros.settings import NodeConfig, local_robot
 from q2real.deploy_ros.timing import COLUMN, TickTimes
+from q2real.hardware.model import load_model
 from q2real.hardware.spec import RobotSpec, SpecError, differences, tighter
 from q2real.safety.compiled import Shield
 from q2real.safety.flags import Mode, Rule
@@ -104,7 +106,7 @@ class PolicyNode:
         robot = self._checked_robot(trained, source, meta["robot"]["sha256"])
         self.spec = dataclasses.replace(robot, control_period=config.control_period or trained.control_period)
         self.period = self.spec.control_period
-        self.observation = ObservationBuilder(meta, source, self._local.load_model)
+        self.observation = ObservationBuilder(meta, source, functools.partial(load_model, self._local))
         self.inputs = Inputs(self.observation, config.inputs, self.spec.imu, config.topics, source)
         """The IMU, velocity command and object pose streams the policy reads, with their age limits."""
         self.names = self.spec.joint_names

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from q2real.deploy_ros.schema import BundleError, brief
+from q2real.contracts.schema import BundleError, brief
 
 JOINT_KINDS = ("joint_position", "joint_velocity", "joint_position_cos_sin", "body_point")
 STREAMS = {

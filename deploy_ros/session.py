@@ -1,13 +1,12 @@
 """`q2real deploy`: a bundle on a robot over DDS, optionally against the sim-in-the-loop robot.
 
-With `sim=True` the robot is `q2real.deploy_ros.sim_robot` in its own process (the bundle's robot,
-loopback DDS), started before the node and stopped on every way out of `deploy`, start-up failures
-included; it also exits by itself if this process dies. Otherwise the node waits for a real robot's
-joint states. Ctrl-C, SIGTERM (systemd, a launch file), the duration running out, or an error stops
-the node, which then sends a last safe command (the shield's fallback) and closes the bag. The real-time settings
-(`realtime.*`) are applied after the sim robot is started (it must not inherit them) and before the
-node's DDS threads exist (they must).
-"""
+With `sim=True` the robot is the sim robot (`q2real-sim-robot`, `q2real.gate.sim_robot`) in its own
+process (the bundle's robot, loopback DDS), started before the node and stopped on every way out of
+`deploy`, start-up failures included; it also exits by itself if this process dies. Otherwise the
+node waits for a real robot's joint states. Ctrl-C, SIGTERM (systemd, a launch file), the duration
+running out, or an error stops the node, which then sends a last safe command (the shield's
+fallback) and closes the bag. The real-time settings (`realtime.*`) are applied after the sim robot
+is started (it must not inherit them) and before the node's DDS threads exist (they must)."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from q2real.deploy_ros import realtime
 from q2real.deploy_ros.dds import ROBOT_STARTUP, DdsNode, use_loopback
 from q2real.deploy_ros.finetune import FineTuning
 from q2real.deploy_ros.node import PolicyNode
+from q2real.deploy_ros.programs import SIM_ROBOT, program
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.safety.compiled import COMPILE_SECONDS
 
@@ -74,7 +74,7 @@ def start_sim_robot(
     when it dies, even by SIGKILL, so that no robot is left publishing joint states on the wire with
     nobody commanding it.
     """
-    command = [sys.executable, "-m", "q2real.deploy_ros.sim_robot", robot, "--loopback"]
+    command = [program(SIM_ROBOT), robot, "--loopback"]
     command += ["--command-style", config.command_style, "--parent-pid", str(os.getpid())]
     command += ["--gantry", str(config.shield.ramp_time)]
     if rate is not None:

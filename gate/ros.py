@@ -31,7 +31,7 @@ from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NODE_NAME, NodeConfig
-from q2real.deploy_ros.sim_robot import GROUND_TRUTH_TOPIC
+from q2real.gate.sim_robot import GROUND_TRUTH_TOPIC
 from q2real.gate.transfer import GateError
 from q2real.hardware.action import action_from_command
 from q2real.sim.physics import PhysicsState

@@ -26,12 +26,13 @@ import torch
 
 from q2real.agents.config import load_run_config
 from q2real.configs.errors import Q2RealError
+from q2real.contracts.chunks import ChunkQueue
+from q2real.contracts.schema import robot_from_metadata
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.deploy_ros.chunks import ChunkQueue
-from q2real.deploy_ros.schema import robot_from_metadata
 from q2real.gate.perturbations import perturbations
 from q2real.hardware import robot_spec
 from q2real.hardware.action import action_from_command
+from q2real.hardware.model import load_model
 from q2real.safety.compiled import Shield
 from q2real.safety.flags import CLAMPS
 from q2real.safety.shield import ShieldConfig
@@ -253,7 +254,7 @@ def run_gate(
     trained_backend = resolve_backend(config.env.backend)
     backend = backend or other_backend(trained_backend)
     spec = robot_spec(bundle.info.metadata["robot"]["name"])
-    rows_wanted = perturbations(config.env.randomization, spec, spec.load_model())
+    rows_wanted = perturbations(config.env.randomization, spec, load_model(spec))
     if only:
         unknown = sorted(set(only) - {p.name for p in rows_wanted})
         if unknown:

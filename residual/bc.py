@@ -30,7 +30,7 @@ from q2real.agents.common.run_dir import LogConfig, RunDir
 from q2real.agents.export import CommandGraph, bundle_metadata, write_graph
 from q2real.configs.errors import RunDirError
 from q2real.configs.loader import ConfigError, load, to_dict
-from q2real.deploy_ros.chunks import ChunkSpec
+from q2real.contracts.chunks import ChunkSpec
 from q2real.residual.dataset import Demos, read_lerobot
 from q2real.sim import EnvConfig, VecEnv, make
 

@@ -183,10 +183,12 @@ class Workspace:
     sites or bodies inside an axis-aligned box."""
 
     def __init__(self, spec: RobotSpec, config: ShieldConfig):
-        import mujoco
+        import mujoco  # only a shield with a workspace box needs MuJoCo
+
+        from q2real.hardware.model import load_model
 
         self._mujoco = mujoco
-        self.model = spec.load_model()
+        self.model = load_model(spec)
         self.data = mujoco.MjData(self.model)
         self.qpos_index = [
             int(self.model.jnt_qposadr[mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, n)])

@@ -8,6 +8,7 @@ from q2real.configs.errors import MissingDependency
 from q2real.configs.loader import ConfigError, merge
 from q2real.hardware import robot_spec
 from q2real.hardware.action import action_from_command
+from q2real.hardware.model import load_model, substeps
 from q2real.safety.shield import ShieldConfig
 from q2real.sim.config import EnvConfig, resolve_backend, resolve_device
 from q2real.sim.physics import PhysicsBackend
@@ -49,7 +50,7 @@ class TaskEnv(VecEnv):
         self.backend_name = "mujoco" if task_cls.native_only else resolve_backend(config.backend)
         self.num_envs = n = config.num_envs
         spec = robot_spec(task_cls.robot)
-        model = spec.load_model(task_cls.scene)
+        model = load_model(spec, task_cls.scene)
         task_config = merge(task_cls.Config(), config.task_params, "env", prefix="task_params.")
         self.task = task_cls(spec, model, task_config, self.device)
         self.spec = spec
@@ -58,7 +59,7 @@ class TaskEnv(VecEnv):
         dr = config.randomization
         dr_gen = torch.Generator().manual_seed(config.seed)
         fields = sample_model_fields(model, dr, n, dr_gen, self.task.push_body) if dr.randomizes_physics else None
-        self.backend = make_backend(self.backend_name, model, n, spec.substeps(model), self.device, fields)
+        self.backend = make_backend(self.backend_name, model, n, substeps(spec, model), self.device, fields)
         self._obs_bias = (dr.obs_bias * (2 * torch.rand(n, 1, generator=dr_gen) - 1)).to(self.device)
         lo, hi = dr.action_latency
         self._latency = torch.randint(lo, hi + 1, (n,), generator=dr_gen).to(self.device)

@@ -12,7 +12,8 @@ import torch
 from q2real.configs.loader import ConfigError
 from q2real.hardware import RobotSpec
 from q2real.hardware.action import action_mapping, command_from_action
-from q2real.hardware.spec import SpecError, actuator_for_joint
+from q2real.hardware.model import actuator_for_joint
+from q2real.hardware.spec import SpecError
 from q2real.sim.physics import PhysicsState
 
 

@@ -1,13 +1,18 @@
 """Imports point one way: robot facts at the bottom, the CLI at the top.
 
-Every `q2real.*` import in a package's source (lazy imports inside functions included) is checked
-against what that package may use. A new arrow that points back up fails here, naming the file and
-line, before it turns into a cycle or drags ROS and onnxruntime into a learner.
+Every reference to a q2real module in a package's source is checked against what that package may
+use: `import` statements (lazy ones inside functions included), relative imports (resolved),
+`importlib.import_module` / `__import__` calls and `-m q2real.…` module strings that start a process.
+A new arrow that points back up fails here, naming the file and line, before it turns into a cycle
+or drags ROS and onnxruntime into a learner. There are no exceptions: what both sides share lives in
+`contracts`, and the programs the robot side starts by name are console scripts
+(`q2real.deploy_ros.programs`).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,51 +20,59 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLE_SCHEMA = "deploy_ros.schema"
-"""A module of `deploy_ros` that learners may use: the bundle's metadata document, which export writes."""
-CHUNKS = "deploy_ros.chunks"
-"""The other: how a chunk policy's actions are executed, so training runs exactly what the robot runs."""
-TRANSITIONS = "deploy_ros.transitions"
-"""And the robot's transition stream and version files, which the learner beside the node reads and writes."""
 
 MAY_IMPORT: dict[str, set[str]] = {
     "configs": set(),
     "hardware": {"configs"},
+    "contracts": {"configs", "hardware"},
     "safety": {"configs", "hardware"},
     "sim": {"configs", "hardware", "safety"},
-    "agents": {"configs", "hardware", "sim", BUNDLE_SCHEMA, CHUNKS, TRANSITIONS},
-    "residual": {"configs", "hardware", "sim", "agents", BUNDLE_SCHEMA, CHUNKS},
-    "deploy_ros": {"configs", "hardware", "safety"},
-    "gate": {"configs", "hardware", "safety", "sim", "agents", "residual", "deploy_ros"},
-    "cli": {"configs", "hardware", "safety", "sim", "agents", "residual", "deploy_ros", "gate"},
+    "agents": {"configs", "hardware", "contracts", "sim"},
+    "residual": {"configs", "hardware", "contracts", "sim", "agents"},
+    "deploy_ros": {"configs", "hardware", "contracts", "safety"},
+    "gate": {"configs", "hardware", "contracts", "safety", "sim", "agents", "residual", "deploy_ros"},
+    "cli": {"configs", "hardware", "contracts", "safety", "sim", "agents", "residual", "deploy_ros", "gate"},
 }
-"""Package -> the other q2real packages (or single modules) it may import; its own modules are always allowed."""
-MODULE_MAY_ALSO_IMPORT: dict[str, set[str]] = {"deploy_ros.sim_robot": {"sim.registry", "sim.randomization"}}
-"""Single modules with one more arrow: the sim-in-the-loop robot plays a task's world (its objects) and
-the training env's dynamics shifts,
-in its own process, never on a robot computer; the node's modules stay free of the simulator."""
+"""Package -> the other q2real packages it may import; its own modules are always allowed."""
+
+MODULE_STRING = re.compile(r"(?:^|-m\s+)q2real((?:\.\w+)+)$")
+"""A string that names a module to import or run: `q2real.x.y` alone, or `-m q2real.x.y`."""
 
 
-def q2real_imports(path: Path) -> list[tuple[int, str]]:
-    """(line, module below `q2real.`) for every import of a q2real module in `path`."""
-    found = []
+def _module_of(path: Path) -> list[str]:
+    return list(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def q2real_references(path: Path) -> list[tuple[int, str]]:
+    """(line, module below `q2real.`) for every reference to a q2real module in `path`."""
+    found: set[tuple[int, str]] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        found += [(node.lineno, name.removeprefix("q2real.")) for name in names if name.startswith("q2real.")]
-    return found
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: resolved against the file's own package
+                here = _module_of(path)
+                module = ".".join(["q2real", *here[: len(here) - node.level], *([module] if module else [])])
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            function = node.func
+            called = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names = [node.args[0].value]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = MODULE_STRING.search(node.value.strip())
+            if match:
+                names = ["q2real" + match.group(1)]
+        found |= {(node.lineno, name.removeprefix("q2real.")) for name in names if name.startswith("q2real.")}
+    # Only modules of q2real's packages: a gRPC service named `q2real.link.Learner` is not one.
+    return sorted((line, module) for line, module in found if module.split(".")[0] in MAY_IMPORT)
 
 
-def allowed(package: str, module: str, importer: str = "") -> bool:
+def allowed(package: str, module: str) -> bool:
     target = module.split(".")[0]
-    if target == package:
-        return True
-    rules = MAY_IMPORT[package] | MODULE_MAY_ALSO_IMPORT.get(importer, set())
-    return any(module == rule or module.startswith(rule + ".") or target == rule for rule in rules)
+    return target == package or target in MAY_IMPORT[package]
 
 
 def test_every_package_folder_has_a_rule() -> None:
@@ -70,10 +83,10 @@ def test_every_package_folder_has_a_rule() -> None:
 @pytest.mark.parametrize("package", sorted(MAY_IMPORT))
 def test_imports_point_down_the_layers(package: str) -> None:
     wrong = [
-        f"{path.relative_to(ROOT)}:{line}: imports q2real.{module}"
+        f"{path.relative_to(ROOT)}:{line}: refers to q2real.{module}"
         for path in sorted((ROOT / package).rglob("*.py"))
-        for line, module in q2real_imports(path)
-        if not allowed(package, module, ".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for line, module in q2real_references(path)
+        if not allowed(package, module)
     ]
     assert not wrong, f"{package} may import only {sorted(MAY_IMPORT[package])}:\n" + "\n".join(wrong)
 
@@ -81,20 +94,71 @@ def test_imports_point_down_the_layers(package: str) -> None:
 def test_the_rules_reject_an_arrow_that_points_up() -> None:
     assert not allowed("hardware", "deploy_ros.node")
     assert not allowed("agents", "deploy_ros.bundle")
-    assert allowed("agents", "deploy_ros.schema")
+    assert allowed("agents", "contracts.schema")
+    assert not allowed("contracts", "deploy_ros.node")
     assert not allowed("safety", "sim")
     assert not allowed("sim", "deploy_ros.node")
+    assert not allowed("deploy_ros", "sim.registry")
+    assert not allowed("deploy_ros", "agents.robot_learner")
     assert allowed("gate", "deploy_ros.session")
-    assert not allowed("deploy_ros", "sim.registry", "deploy_ros.node")
-    assert allowed("deploy_ros", "sim.registry", "deploy_ros.sim_robot")
 
 
-def test_the_bundle_schema_needs_neither_torch_nor_onnxruntime() -> None:
-    """Export (torch side) and the robot (onnxruntime side) share the schema; it must load without either."""
-    code = (
-        "import sys, q2real.deploy_ros.schema; "
-        "heavy = sorted({'torch', 'onnxruntime', 'jax'} & set(sys.modules)); "
-        "sys.exit(f'imported {heavy}' if heavy else 0)"
+def test_every_kind_of_reference_is_seen() -> None:
+    """Each way a module can reach another is found; a docstring that names a module is not one."""
+    source = ROOT / "deploy_ros" / "_probe_references.py"
+    source.write_text(
+        '"""Mentions `q2real.agents.sac` in prose."""\n'
+        "import importlib\n"
+        "from .node import PolicyNode\n"
+        "from ..sim import registry\n"
+        "importlib.import_module('q2real.sim.registry')\n"
+        "__import__('q2real.residual')\n"
+        "COMMAND = ['python', '-m', 'q2real.agents.robot_learner']\n"
+        "LINE = 'python -m q2real.gate.sim_robot'\n"
     )
+    try:
+        found = q2real_references(source)
+    finally:
+        source.unlink()
+    assert found == [
+        (3, "deploy_ros.node"),
+        (3, "deploy_ros.node.PolicyNode"),
+        (4, "sim"),
+        (4, "sim.registry"),
+        (5, "sim.registry"),
+        (6, "residual"),
+        (7, "agents.robot_learner"),
+        (8, "gate.sim_robot"),
+    ]
+    assert [m for _, m in found if not allowed("deploy_ros", m)] == [
+        "sim",
+        "sim.registry",
+        "sim.registry",
+        "residual",
+        "agents.robot_learner",
+        "gate.sim_robot",
+    ]
+
+
+LIGHT = {
+    "q2real.safety": "the shield, which the node runs on a robot computer",
+    "q2real.contracts.schema": "the bundle schema, which export (torch) and the node (onnxruntime) share",
+    "q2real.contracts.chunks": "the chunk queue, which training and the node both run",
+    "q2real.contracts.transitions": "the transition ring, which the node writes and the learner reads",
+    "q2real.hardware": "the robot facts",
+}
+
+
+@pytest.mark.parametrize("module", sorted(LIGHT))
+def test_the_robot_side_contracts_load_without_the_heavy_runtimes(module: str) -> None:
+    """Each loads without MuJoCo, torch, onnxruntime or JAX: a robot computer or a learner needs
+    only its own runtime. The heavy modules are made unimportable, so a hidden import fails."""
+    code = (
+        "import sys\n"
+        "for name in ('mujoco', 'torch', 'onnxruntime', 'jax'): sys.modules[name] = None\n"
+        f"import {module}\n"
+    )
+    if module == "q2real.safety":
+        code += "from q2real.safety import Shield, ReferenceShield\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, f"{module} ({LIGHT[module]}):\n{result.stderr[-2000:]}"

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ["sim", "agents", "residual", "safety", "deploy_ros", "configs", "hardware", "gate", "cli"]
+FOLDERS = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+"""Every top-level package folder (each is `q2real.<folder>`)."""
 BIN = Path(sys.executable).parent
 
 

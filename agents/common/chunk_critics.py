@@ -31,7 +31,7 @@ from torch import nn
 
 from q2real.agents.common.networks import EnsembleLayerNorm, EnsembleLinear
 from q2real.agents.common.replay import Batch
-from q2real.deploy_ros.chunks import MAX_CHUNK, ChunkSpec
+from q2real.contracts.chunks import MAX_CHUNK, ChunkSpec
 
 if TYPE_CHECKING:
     from q2real.agents.common.actor_critic import ActorCritic

@@ -11,6 +11,7 @@ from q2real.agents.config import TrainConfig
 from q2real.configs.loader import list_presets, load, to_dict
 from q2real.gate.perturbations import perturbations
 from q2real.hardware import robot_spec
+from q2real.hardware.model import load_model
 
 ROBOT_TASKS = ["panda_reach", "panda_push", "spot_joystick", "gr1_stand", "pendulum_swingup"]
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pendulum_run" / "config.yaml"
@@ -29,7 +30,7 @@ def test_the_arm_presets_train_on_every_row_the_gate_sizes_for_the_arm(task: str
     """The positive control is only meaningful if the run trained for what the gate asks of it."""
     config = load(TrainConfig, f"sac_{task}")
     spec = robot_spec("panda")
-    rows = perturbations(config.env.randomization, spec, spec.load_model())
+    rows = perturbations(config.env.randomization, spec, load_model(spec))
     assert {r.name for r in rows} >= {"payload", "pd_gains", "latency", "pushes"}
     assert [r.name for r in rows if r.required and not r.in_range] == []
 

@@ -14,8 +14,8 @@ from q2real.agents.config import TrainConfig
 from q2real.agents.export import DeployPolicy, export_run, load_run_policy
 from q2real.agents.train import train
 from q2real.configs.loader import load
+from q2real.contracts.schema import METADATA_KEY, BundleError, read_metadata
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.deploy_ros.schema import METADATA_KEY, BundleError, read_metadata
 from q2real.gate.evaluation import evaluate_run
 from q2real.hardware import robot_spec
 

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from q2real.cli.main import main
+from q2real.contracts.schema import METADATA_KEY, BundleError, parse_metadata, read_metadata
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.node import PolicyNode
-from q2real.deploy_ros.schema import METADATA_KEY, BundleError, parse_metadata, read_metadata
 from q2real.deploy_ros.settings import NodeConfig
 
 

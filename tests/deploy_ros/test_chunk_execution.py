@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from q2real.agents.common.chunk_critics import ChunkConfig
+from q2real.contracts.chunks import ChunkQueue, ChunkSpec
+from q2real.contracts.schema import METADATA_KEY, BundleError
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.deploy_ros.chunks import ChunkQueue, ChunkSpec
 from q2real.deploy_ros.node import PolicyNode
-from q2real.deploy_ros.schema import METADATA_KEY, BundleError
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import ShieldConfig

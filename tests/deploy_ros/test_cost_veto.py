@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from q2real.agents.sac_lag import SACLag
+from q2real.contracts.schema import METADATA_KEY, BundleError
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.node import PolicyNode
-from q2real.deploy_ros.schema import METADATA_KEY, BundleError
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import ShieldConfig

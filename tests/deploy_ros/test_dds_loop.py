@@ -15,10 +15,10 @@ from rosbags.rosbag2 import Reader
 from rosbags.typesys import Stores, get_typestore
 
 from q2real.cli.main import main
+from q2real.contracts.schema import BundleError
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import SENSOR_QOS, DdsNode, Endpoints, wait_for_match
 from q2real.deploy_ros.node import PolicyNode
-from q2real.deploy_ros.schema import BundleError
 from q2real.deploy_ros.session import start_sim_robot
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.safety.flags import Mode

@@ -19,12 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from q2real.configs.loader import ConfigError, load
+from q2real.contracts.transitions import CANDIDATE, CHANGED, ROLLBACK, RUN, TransitionRing, version_name
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.finetune import READY, FineTuning, Placement, launch, learner_cpus
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import FinetuneSettings, NodeConfig
-from q2real.deploy_ros.transitions import CANDIDATE, CHANGED, ROLLBACK, RUN, TransitionRing, version_name
 from tests.conftest import FIXTURE_RUN
 from tests.deploy_ros.conftest import export_fresh_agent
 

@@ -16,7 +16,7 @@ from q2real.cli.main import main
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints
 from q2real.deploy_ros.settings import NodeConfig
-from q2real.deploy_ros.sim_robot import GROUND_TRUTH_TOPIC
+from q2real.gate.sim_robot import GROUND_TRUTH_TOPIC
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig
 from tests.deploy_ros.conftest import export_fresh_agent

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from q2real.configs.loader import ConfigError, load
+from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing
 from q2real.deploy_ros import link
 from q2real.deploy_ros import link_pb2 as pb
 from q2real.deploy_ros.link import Receiver, Relay, Tls, serve
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NodeConfig
-from q2real.deploy_ros.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing
 from tests.conftest import FIXTURE_RUN
 
 DEPLOY_ROS = Path(link.__file__).parent

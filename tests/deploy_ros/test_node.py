@@ -10,8 +10,8 @@ import onnx
 import pytest
 
 from q2real.configs.loader import ConfigError
+from q2real.contracts.schema import METADATA_KEY, BundleError
 from q2real.deploy_ros.node import PolicyNode
-from q2real.deploy_ros.schema import METADATA_KEY, BundleError
 from q2real.deploy_ros.settings import NodeConfig, config_from_parameters
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig

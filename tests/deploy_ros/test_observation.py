@@ -11,13 +11,14 @@ import pytest
 import torch
 import yaml
 
+from q2real.contracts.schema import BundleError
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.inputs import Inputs, imu_in_base, rotation_matrix
 from q2real.deploy_ros.observation import ObservationBuilder
-from q2real.deploy_ros.schema import BundleError
 from q2real.deploy_ros.settings import InputsConfig, TopicConfig
-from q2real.deploy_ros.sim_robot import SimRobotConfig, SimWorld
+from q2real.gate.sim_robot import SimRobotConfig, SimWorld
 from q2real.hardware import RobotSpec, load_spec, robot_spec
+from q2real.hardware.model import load_model
 from q2real.hardware.spec import HARDWARE_DIR
 from q2real.sim import make
 from q2real.sim.physics import PhysicsState
@@ -80,7 +81,7 @@ def test_builder_reproduces_the_task_observation_from_the_robots_messages(
     assert env.obs_sources is not None, f"{task} does not say where its observation terms come from"
     spec = _rotated_imu(tmp_path, env.task.robot) if mounting == "rotated" else env.task.spec
     world = SimWorld(spec, SimRobotConfig(task=task))
-    builder = ObservationBuilder(_metadata(env), task, spec.load_model)
+    builder = ObservationBuilder(_metadata(env), task, lambda: load_model(spec))
     inputs = Inputs(builder, InputsConfig(), spec.imu, TopicConfig(), task)
     model, data = env.task.model, mujoco.MjData(env.task.model)
     gen = torch.Generator().manual_seed(0)

@@ -21,7 +21,7 @@ from q2real.deploy_ros.settings import NodeConfig
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads processes from /proc")
 
-SIM_ROBOT = b"q2real.deploy_ros.sim_robot"
+SIM_ROBOT = b"q2real-sim-robot"
 
 
 def _status(pid: int) -> dict[str, str]:

@@ -22,8 +22,8 @@ from rclpy.qos import qos_profile_system_default  # noqa: E402
 from sensor_msgs.msg import JointState  # noqa: E402
 from std_msgs.msg import Bool, Float64MultiArray  # noqa: E402
 
+from q2real.contracts.schema import BundleError  # noqa: E402
 from q2real.deploy_ros.rclpy_node import RclpyPolicyNode  # noqa: E402
-from q2real.deploy_ros.schema import BundleError  # noqa: E402
 from q2real.deploy_ros.session import start_sim_robot, stop_sim_robot  # noqa: E402
 from q2real.deploy_ros.settings import NodeConfig  # noqa: E402
 from q2real.safety.flags import Mode  # noqa: E402

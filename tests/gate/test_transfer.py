@@ -16,12 +16,13 @@ from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.gate.perturbations import perturbations
 from q2real.gate.transfer import GateError, ratio_interval, run_gate, shielded_returns
 from q2real.hardware import robot_spec
+from q2real.hardware.model import load_model
 from q2real.sim import RandomizationConfig, make
 
 
 def _rows(trained: RandomizationConfig, robot: str = "panda") -> dict:
     spec = robot_spec(robot)
-    return {p.name: p for p in perturbations(trained, spec, spec.load_model())}
+    return {p.name: p for p in perturbations(trained, spec, load_model(spec))}
 
 
 def test_rows_are_sized_for_the_robot_and_marked_by_what_the_run_trained() -> None:
@@ -134,7 +135,7 @@ def test_the_gate_fails_a_policy_that_relies_on_what_the_shield_forbids(tmp_path
     is a third of what the policy learned to use keeps far less of its return behind the shield."""
     import onnx
 
-    from q2real.deploy_ros.schema import METADATA_KEY
+    from q2real.contracts.schema import METADATA_KEY
 
     run = tmp_path / "run"
     run.mkdir()

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from q2real.hardware import SpecError, load_spec, robot_spec
+from q2real.hardware.model import load_model, substeps
 from q2real.hardware.spec import HARDWARE_DIR
 
 SHIPPED = sorted(p.parent.name for p in HARDWARE_DIR.glob("*/robot.yaml"))
@@ -16,8 +17,8 @@ SHIPPED = sorted(p.parent.name for p in HARDWARE_DIR.glob("*/robot.yaml"))
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_specs_load_and_constrain_their_models(name: str) -> None:
     spec = robot_spec(name)
-    model = spec.load_model()
-    assert spec.substeps(model) >= 1
+    model = load_model(spec)
+    assert substeps(spec, model) >= 1
     for joint in spec.joints:
         jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint.name)
         lo, hi = joint.position_limits
@@ -76,7 +77,7 @@ def test_bad_specs_name_file_and_field(tmp_path: Path, field: str, value, messag
     path = _write(tmp_path, _set(_good(), field, value))
     with pytest.raises(SpecError) as err:
         spec = load_spec(path)
-        spec.substeps(spec.load_model())
+        substeps(spec, load_model(spec))
     assert str(path) in str(err.value)
     assert message in str(err.value)
 
@@ -86,7 +87,7 @@ def test_position_mode_requires_gains_and_writes_them_into_the_model(tmp_path: P
     with pytest.raises(SpecError, match=r"kp: position-controlled joints need kp > 0"):
         load_spec(_write(tmp_path, data))
     data["joints"][0].update(kp=40.0, kd=2.0)
-    model = load_spec(_write(tmp_path, data)).load_model()
+    model = load_model(load_spec(_write(tmp_path, data)))
     assert model.actuator_gainprm[0, 0] == 40.0
     assert tuple(model.actuator_biasprm[0, :3]) == (0.0, -40.0, -2.0)
 
@@ -126,17 +127,17 @@ def _spot_with_imu(tmp_path: Path, imu) -> Path:
 def test_a_bad_imu_mounting_is_refused(tmp_path: Path, imu, message: str) -> None:
     path = _spot_with_imu(tmp_path, imu)
     with pytest.raises(SpecError) as err:
-        load_spec(path).load_model()
+        load_model(load_spec(path))
     assert str(path) in str(err.value) and message in str(err.value)
 
 
 def test_the_imu_mounting_is_written_into_the_model_and_travels_in_the_bundle(tmp_path: Path) -> None:
-    from q2real.deploy_ros.schema import robot_from_metadata, robot_metadata
+    from q2real.contracts.schema import robot_from_metadata, robot_metadata
     from q2real.hardware.spec import differences
 
     rotation = [0.0, 0.0, 0.0, 1.0]  # mounted upside down about z: yaw by pi
     spec = load_spec(_spot_with_imu(tmp_path, {"site": "imu", "rotation": rotation}))
-    model = spec.load_model()
+    model = load_model(spec)
     site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "imu")
     np.testing.assert_array_equal(model.site_quat[site], rotation)
     meta = {"control_period": spec.control_period, "action": {"dim": spec.num_joints}, "robot": robot_metadata(spec)}

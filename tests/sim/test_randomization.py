@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from q2real.hardware import robot_spec
+from q2real.hardware.model import load_model
 from q2real.sim import RandomizationConfig, make
 from q2real.sim.randomization import sample_model_fields
 
@@ -14,7 +15,7 @@ DR = RandomizationConfig(
 
 
 def test_sampling_is_seeded_per_env_and_within_range() -> None:
-    model = robot_spec("cartpole").load_model()
+    model = load_model(robot_spec("cartpole"))
     a = sample_model_fields(model, DR, 64, torch.Generator().manual_seed(1))
     b = sample_model_fields(model, DR, 64, torch.Generator().manual_seed(1))
     c = sample_model_fields(model, DR, 64, torch.Generator().manual_seed(2))
@@ -48,7 +49,7 @@ def test_each_new_physics_effect_changes_the_dynamics(single) -> None:
 
 
 def test_pd_gain_randomization_scales_stiffness_and_damping_separately() -> None:
-    model = robot_spec("spot").load_model()
+    model = load_model(robot_spec("spot"))
     dr = RandomizationConfig(kp_scale=(0.5, 1.5), kd_scale=(2.0, 3.0))
     fields = sample_model_fields(model, dr, 32, torch.Generator().manual_seed(0))
     kp = fields["actuator_gainprm"][..., 0] / model.actuator_gainprm[None, :, 0]
@@ -157,7 +158,7 @@ def test_bad_ranges_are_refused(changes: dict, message: str) -> None:
 def test_a_payload_loads_the_arm_past_its_gravity_compensation() -> None:
     """The arm is gravity-compensated for its own links only: holding the home pose with a 3 kg payload
     it sags under the PD gains (a few cm of steady-state error), without one it holds the pose."""
-    model = robot_spec("panda").load_model()
+    model = load_model(robot_spec("panda"))
     wrist = model.nbody - 2  # link7; the hand's body follows it
     fields = sample_model_fields(model, RandomizationConfig(payload=(3.0, 3.0)), 2, torch.Generator(), wrist)
     assert np.allclose(fields["body_mass"][:, wrist], model.body_mass[wrist] + 3.0)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from q2real.configs.errors import Q2RealError
-from q2real.deploy_ros.chunks import ChunkSpec
+from q2real.contracts.chunks import ChunkSpec
 from q2real.hardware.spec import RobotSpec, SpecError, build_spec
 
 SCHEMA_VERSION = 1

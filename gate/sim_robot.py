@@ -17,7 +17,7 @@ A floating-base robot starts standing on its default pose; with `gantry` it hang
 held still) until that many seconds after the first command, as a humanoid is lowered from a gantry
 once its controller runs.
 
-Run it as its own process (`python -m q2real.deploy_ros.sim_robot ROBOT`), so that a crash of either
+Run it as its own process (`q2real-sim-robot ROBOT`), so that a crash of either
 side is a crash of a separate program, as on a real robot. With `--task` it plays the task's world
 (its objects around the robot), which needs q2real's simulator (and torch) in this process.
 """
@@ -42,8 +42,10 @@ from cyclonedds.pub import DataWriter
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_values, stamp_now
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
+from q2real.deploy_ros.programs import SIM_ROBOT
 from q2real.deploy_ros.settings import NodeConfig
-from q2real.hardware.spec import RobotSpec, actuator_for_joint, robot_spec
+from q2real.hardware.model import actuator_for_joint, load_model
+from q2real.hardware.spec import RobotSpec, robot_spec
 from q2real.hardware.stance import standing_height
 
 GROUND_TRUTH_TOPIC = "/ground_truth/odom"
@@ -102,7 +104,7 @@ class SimWorld:
             if task is None or task.robot != spec.name:
                 raise ValueError(f"task: '{config.task}' is not a registered task of robot '{spec.name}'")
             scene, self.tracked = task.scene, task.tracked_object
-        self.model = spec.load_model(lambda s: _world(s, spec, scene))
+        self.model = load_model(spec, lambda s: _world(s, spec, scene))
         self.data = mujoco.MjData(self.model)
         model, data = self.model, self.data
         one_dof = (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE)
@@ -377,9 +379,7 @@ class SimRobot:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m q2real.deploy_ros.sim_robot", description="A robot played by MuJoCo in real time over ROS 2 DDS"
-    )
+    parser = argparse.ArgumentParser(prog=SIM_ROBOT, description="A robot played by MuJoCo in real time over ROS 2 DDS")
     parser.add_argument("robot", help="robot spec name in q2real/hardware (e.g. pendulum)")
     parser.add_argument("--rate", type=float, default=None, help="Hz (default: the spec's control rate)")
     parser.add_argument("--command-style", choices=("forward", "trajectory"), default="forward")
