@@ -1,8 +1,9 @@
 """What the training loop calls back into: logging, evaluation, checkpoints and early stopping, each on
 its own env-step schedule, plus the deterministic evaluation they use.
 
-Callbacks see the whole `Trainer` (as Brax's `progress_fn` and SB3's callbacks see their loop), so
-a new one plugs in without the loop changing.
+Callbacks see the whole loop (as Brax's `progress_fn` and SB3's callbacks see theirs) through one
+declared protocol, `TrainingLoop`, which both loops implement: `Trainer` (replay learners) and
+`StreamTrainer` (streaming learners). A new callback plugs in without either loop changing.
 """
 
 from __future__ import annotations
@@ -10,17 +11,78 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from pathlib import Path
+from typing import NamedTuple, Protocol
 
 import torch
 
 from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.episodes import EpisodeTracker
+from q2real.agents.common.metrics import MetricLogger
 from q2real.agents.common.progress import Progress
+from q2real.agents.common.run_dir import LogConfig
 from q2real.contracts.chunks import ChunkQueue, ChunkSpec
 from q2real.sim import VecEnv
 
-if TYPE_CHECKING:
-    from q2real.agents.train import Trainer
+
+class EnvName(Protocol):
+    @property
+    def task(self) -> str: ...
+
+
+class LoopConfig(Protocol):
+    """What every training job's config declares for the loop (`TrainConfig`, `StreamTrainConfig`)."""
+
+    @property
+    def algo(self) -> str: ...
+    @property
+    def env(self) -> EnvName: ...
+    @property
+    def log(self) -> LogConfig: ...
+    @property
+    def total_steps(self) -> int: ...
+    @property
+    def eval_every(self) -> int: ...
+    @property
+    def checkpoint_every(self) -> int: ...
+    @property
+    def stop_return(self) -> float | None: ...
+
+
+class Learner(Protocol):
+    @property
+    def updates(self) -> int:
+        """Gradient updates taken (the loop's updates/s)."""
+        ...
+
+
+class TrainingLoop(Protocol):
+    """What a training loop shows its callbacks."""
+
+    @property
+    def config(self) -> LoopConfig: ...
+    @property
+    def agent(self) -> Learner: ...
+    @property
+    def step(self) -> int:
+        """Env steps taken, over all envs (and ranks)."""
+        ...
+
+    @property
+    def envs_per_iteration(self) -> int: ...
+    @property
+    def episodes(self) -> EpisodeTracker: ...
+    @property
+    def logger(self) -> MetricLogger: ...
+    @property
+    def last_eval(self) -> float | None: ...
+    @property
+    def last_eval_success(self) -> float | None: ...
+    @property
+    def last_eval_cost(self) -> float | None: ...
+    def evaluate(self) -> float: ...
+    def pop_update_metrics(self) -> dict[str, float]: ...
+    def save_checkpoint(self) -> Path: ...
 
 
 class StopTraining(Exception):
@@ -30,11 +92,11 @@ class StopTraining(Exception):
 class Callback:
     """Hooks into the loop; override what you need."""
 
-    def on_start(self, trainer: Trainer) -> None: ...
+    def on_start(self, trainer: TrainingLoop) -> None: ...
 
-    def on_iteration(self, trainer: Trainer) -> None: ...
+    def on_iteration(self, trainer: TrainingLoop) -> None: ...
 
-    def on_end(self, trainer: Trainer) -> None: ...
+    def on_end(self, trainer: TrainingLoop) -> None: ...
 
 
 class ChunkExecutor:
@@ -120,7 +182,7 @@ class Every:
 class LogCallback(Callback):
     """Metrics every `log.interval_steps` env steps, and the progress bar."""
 
-    def on_start(self, trainer: Trainer) -> None:
+    def on_start(self, trainer: TrainingLoop) -> None:
         cfg = trainer.config
         total = math.ceil(cfg.total_steps / trainer.envs_per_iteration) * trainer.envs_per_iteration
         self.progress = Progress(total, f"{cfg.algo} on {cfg.env.task}")
@@ -128,11 +190,11 @@ class LogCallback(Callback):
         self._last_step, self._last_time, self._last_updates = trainer.step, time.monotonic(), trainer.agent.updates
         self._schedule = Every(cfg.log.interval_steps, trainer.step)
 
-    def on_iteration(self, trainer: Trainer) -> None:
+    def on_iteration(self, trainer: TrainingLoop) -> None:
         shown = self.log(trainer) if self._schedule.due(trainer.step) else {}
         self.progress.update(trainer.envs_per_iteration, **shown)
 
-    def log(self, trainer: Trainer) -> dict[str, float]:
+    def log(self, trainer: TrainingLoop) -> dict[str, float]:
         now = time.monotonic()
         seconds = max(now - self._last_time, 1e-9)
         metrics = {
@@ -149,7 +211,7 @@ class LogCallback(Callback):
             shown["eval"] = trainer.last_eval
         return shown
 
-    def on_end(self, trainer: Trainer) -> None:
+    def on_end(self, trainer: TrainingLoop) -> None:
         if trainer.step > self._last_step:
             self.log(trainer)
         self.progress.close()
@@ -158,15 +220,15 @@ class LogCallback(Callback):
 class EvalCallback(Callback):
     """Deterministic evaluation every `eval_every` env steps and at the end; early stop on `stop_return`."""
 
-    def on_start(self, trainer: Trainer) -> None:
+    def on_start(self, trainer: TrainingLoop) -> None:
         self._schedule = Every(trainer.config.eval_every, trainer.step)
         self._done_at: int | None = None
 
-    def on_iteration(self, trainer: Trainer) -> None:
+    def on_iteration(self, trainer: TrainingLoop) -> None:
         if self._schedule.due(trainer.step):
             self._evaluate(trainer)
 
-    def _evaluate(self, trainer: Trainer) -> None:
+    def _evaluate(self, trainer: TrainingLoop) -> None:
         self._done_at = trainer.step
         value = trainer.evaluate()
         success = {"eval_success": trainer.last_eval_success} if trainer.last_eval_success is not None else {}
@@ -176,7 +238,7 @@ class EvalCallback(Callback):
         if stop is not None and value >= stop:
             raise StopTraining
 
-    def on_end(self, trainer: Trainer) -> None:
+    def on_end(self, trainer: TrainingLoop) -> None:
         if self._done_at == trainer.step:
             return
         try:
@@ -188,12 +250,12 @@ class EvalCallback(Callback):
 class CheckpointCallback(Callback):
     """Atomic checkpoint every `checkpoint_every` env steps and at the end."""
 
-    def on_start(self, trainer: Trainer) -> None:
+    def on_start(self, trainer: TrainingLoop) -> None:
         self._schedule = Every(trainer.config.checkpoint_every, trainer.step)
 
-    def on_iteration(self, trainer: Trainer) -> None:
+    def on_iteration(self, trainer: TrainingLoop) -> None:
         if self._schedule.due(trainer.step):
             trainer.save_checkpoint()
 
-    def on_end(self, trainer: Trainer) -> None:
+    def on_end(self, trainer: TrainingLoop) -> None:
         trainer.save_checkpoint()

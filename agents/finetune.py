@@ -127,14 +127,9 @@ class Finetuner(Trainer):
     def warmup_action(self) -> torch.Tensor:
         return self.policy_action()
 
-    def update(self) -> dict[str, torch.Tensor]:
-        if self.step >= self.finetune.actor_start:
-            return super().update()
-        agent, cfg = self.agent, self.config.agent
-        batch = self.sampler.sample(self.replay, cfg.batch_size, agent.backup_steps, cfg.gamma, cfg.chunk.size)
-        metrics = agent.critic_update(batch)
-        self.sampler.update(batch, agent.last_td_abs)
-        return metrics
+    def actor_trains(self) -> bool:
+        """The actor waits for `finetune.actor_start` steps: first the critic learns the new robot."""
+        return self.step >= self.finetune.actor_start
 
 
 def load_finetune_config(run_dir: Path) -> FinetuneConfig:

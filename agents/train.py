@@ -178,6 +178,10 @@ class Trainer:
                 self._metric_sums[key] = value if total is None else total + value
             self._metric_count += 1
 
+    def actor_trains(self) -> bool:
+        """Whether actor updates run at all yet (fine-tuning holds them back while the critic adapts)."""
+        return True
+
     def update(self) -> dict[str, torch.Tensor]:
         """One critic update on the sampler's critic batch (its TD errors go back to the sampler), and an
         actor update when due, on the sampler's actor batch (or the same one)."""
@@ -186,7 +190,7 @@ class Trainer:
         batch = sampler.sample(replay, cfg.batch_size, *window)
         metrics = agent.critic_update(batch)
         sampler.update(batch, agent.last_td_abs)
-        if agent.actor_due():
+        if self.actor_trains() and agent.actor_due():
             actor_batch = sampler.sample_actor(replay, cfg.batch_size, *window) or batch
             metrics.update(agent.actor_update(actor_batch.obs))
         return metrics

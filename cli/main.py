@@ -79,23 +79,6 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
-def job_kind(preset: str | None, overrides: list[str]) -> str:
-    """Which training job a preset and overrides describe: `bc` (algo=bc), `stream` (algo=stream_ac, the
-    streaming learner), `residual` (a `residual` section: residual RL or RL from demonstrations) or
-    `rl` (the off-policy learners)."""
-    from q2real.configs.loader import preset_path
-
-    data = {}
-    if preset is not None:
-        loaded = yaml.safe_load(preset_path(preset).read_text())
-        data = loaded if isinstance(loaded, dict) else {}
-    parsed = parse_overrides(overrides)
-    algo = parsed.get("algo", data.get("algo"))
-    if algo in ("bc", "stream_ac"):
-        return "bc" if algo == "bc" else "stream"
-    return "residual" if "residual" in parsed or "residual" in data else "rl"
-
-
 def _run_trainer(trainer, args: argparse.Namespace, report: bool = True) -> int | None:
     """Run a training job to its end and print where it went (unless not `report`: a rank other than
     0); on Ctrl-C (checkpoint written) or non-finite values, say how to continue and return the exit status."""
@@ -122,6 +105,8 @@ def _train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from q2real.agents.config import TrainConfig
+    from q2real.agents.distributed import Ranks
+    from q2real.agents.jobs import job_kind
     from q2real.agents.train import Trainer
 
     resume = Path(args.resume) if args.resume else None
@@ -133,7 +118,6 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume {resume}: no checkpoint.pt in that directory")
         preset = str(resume / "config.yaml")
     kind = job_kind(preset, args.overrides)
-    from q2real.agents.distributed import Ranks
 
     ranks = Ranks.launched()
     if ranks is not None and kind in ("bc", "stream"):
@@ -339,16 +323,14 @@ def _export(args: argparse.Namespace) -> int:
 def _deploy(args: argparse.Namespace) -> int:
     from q2real.deploy_ros.session import deploy
     from q2real.deploy_ros.settings import NodeConfig
+    from q2real.gate.sim_settings import perturbation_argv
 
     overrides = [*args.overrides, *([f"finetune.run={args.finetune}"] if args.finetune else [])]
     overrides += [f"finetune.learner_address={args.learner}"] if args.learner else []
     config = load(NodeConfig, args.preset, overrides)
-    perturbed = args.shift or args.reset_every
-    if perturbed and not args.sim:
+    sim_extra = perturbation_argv(args)
+    if sim_extra and not args.sim:
         raise ConfigError("--shift and --reset-every perturb the sim robot: they need --sim")
-    sim_extra = ["--shift", *args.shift, "--shift-at", str(args.shift_at)] if args.shift else []
-    if args.reset_every:
-        sim_extra += ["--reset-every", str(args.reset_every), "--reset-spread", str(args.reset_spread)]
     if args.sim and "autostart" not in parse_overrides(args.overrides):
         config = dataclasses.replace(config, autostart=True)  # nobody at a keyboard needs to start a simulated robot
     if args.print_config:
@@ -463,6 +445,8 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from q2real.gate.sim_settings import add_perturbation_arguments
+
     parser = argparse.ArgumentParser(prog="q2real", description="Off-policy RL from batched MuJoCo to ROS 2 robots")
     parser.add_argument("--debug", action="store_true", help="show the traceback of q2real's own errors too")
     # Also accepted after the command (`q2real train --debug`); SUPPRESS keeps a flag given before it.
@@ -503,12 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--timings", metavar="CSV", help="write every tick's stage timestamps here when it stops")
     dep.add_argument("--finetune", metavar="RUN_DIR", help="fine-tune the policy on the robot, continuing this run")
     dep.add_argument("--learner", metavar="HOST:PORT", help="fine-tune it on a remote learner (`q2real learn --serve`)")
-    dep.add_argument(
-        "--shift", action="append", default=[], metavar="FIELD=VALUE", help="sim robot: a dynamics shift (repeatable)"
-    )
-    dep.add_argument("--shift-at", type=float, default=0.0, help="sim robot: seconds after its first command")
-    dep.add_argument("--reset-every", type=float, default=0.0, help="sim robot: seconds between random resets")
-    dep.add_argument("--reset-spread", type=float, default=3.14159, help="sim robot: half-width of a reset")
+    add_perturbation_arguments(dep, "sim robot: ")
     _job_arguments(dep)
     dep.set_defaults(func=_deploy)
     learn = command("learn", help="serve robots' fine-tuning: a learner on this machine for `deploy --learner`")

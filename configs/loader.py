@@ -196,6 +196,15 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+def read_preset(preset: str) -> tuple[Path, Any]:
+    """A preset's (or YAML file's) path and parsed contents ({} for an empty file)."""
+    path = preset_path(preset)
+    try:
+        return path, yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+
+
 def load(cls: type[T], preset: str | None = None, overrides: list[str] | None = None) -> T:
     """Resolve a config: `cls()` defaults, then the preset YAML, then command-line overrides; then its
     `validate()` range checks, so a value no run can use is refused before anything starts.
@@ -205,11 +214,7 @@ def load(cls: type[T], preset: str | None = None, overrides: list[str] | None = 
     config = cls()
     sources = ["defaults"]
     if preset is not None:
-        path = preset_path(preset)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        path, data = read_preset(preset)
         upgrade = getattr(cls, "upgrade", None)
         if upgrade is not None and isinstance(data, Mapping):
             data = upgrade(data, str(path))

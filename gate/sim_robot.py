@@ -31,8 +31,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
 
 import mujoco
 import numpy as np
@@ -44,51 +42,13 @@ from q2real.deploy_ros.commands import command_values, stamp_now
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.programs import SIM_ROBOT
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.gate.sim_settings import PERTURBATIONS, SimRobotConfig, add_perturbation_arguments
 from q2real.hardware.model import actuator_for_joint, load_model
 from q2real.hardware.spec import RobotSpec, robot_spec
 from q2real.hardware.stance import standing_height
 
 GROUND_TRUTH_TOPIC = "/ground_truth/odom"
 WORLD_FRAME = "world"
-
-
-@dataclass
-class SimRobotConfig:
-    rate: float | None = None
-    """Joint-state and control rate in Hz; None: the spec's control rate."""
-    command_style: Literal["forward", "trajectory"] = "forward"
-    joint_states_topic: str = "/joint_states"
-    command_topic: str | None = None
-    """None: the default topic of the command style's ros2_control controller."""
-    command_timeout: float = 0.1
-    drive_rate: float = 500.0
-    """Hz at which the drives take the newest command (a ros2_control loop runs faster than the
-    policy): physics steps are at most 1/drive_rate s, and a command acts from the first step after it
-    arrives, so the node's latency, not a whole control period, separates a state from its command."""
-    initial_qpos: dict[str, float] = field(default_factory=dict)
-    """Joint name -> initial position; the others start at the spec's default pose (or 0)."""
-    task: str | None = None
-    """A registered task whose world (objects around the robot) to play; None: the robot alone."""
-    imu_rate: float = 200.0
-    """Hz of /imu/data (rounded to whole physics steps) for robots whose spec names an IMU."""
-    imu_noise: float = 0.0
-    """Std of white noise on the gyro (rad/s) and of a random tilt of the orientation (rad)."""
-    imu_bias: float = 0.0
-    """Bound of a constant gyro bias (rad/s) drawn once per run, uniform per axis."""
-    object_rate: float = 30.0
-    """Hz of /object_pose for a task with a tracked object (a camera tracker's rate)."""
-    gantry: float = 0.0
-    """Seconds a floating base is held still after the first command (with the node's `autostart`,
-    its ramp time: released at the handover; an operator start comes later); 0: free from the start."""
-    seed: int = 0
-    shift: dict[str, float] = field(default_factory=dict)
-    """A dynamics shift (`q2real.sim.randomization.RandomizationConfig` field -> value, e.g.
-    actuator_gain_scale: 0.5, payload: 0.5) applied `shift_at` seconds after the first command."""
-    shift_at: float = 0.0
-    reset_every: float = 0.0
-    """Seconds between two resets of the joints to the default pose plus U(-reset_spread, reset_spread)
-    at rest, counted from the first command (someone knocking the robot about); 0: never."""
-    reset_spread: float = 0.0
 
 
 class SimWorld:
@@ -396,12 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--duration", type=float, default=None, help="seconds, default: until SIGINT/SIGTERM")
     parser.add_argument("--loopback", action="store_true", help="keep DDS on 127.0.0.1 (no network)")
-    parser.add_argument(
-        "--shift", nargs="*", default=[], metavar="FIELD=VALUE", help="dynamics shift, e.g. actuator_gain_scale=0.5"
-    )
-    parser.add_argument("--shift-at", type=float, default=0.0, help="seconds after the first command")
-    parser.add_argument("--reset-every", type=float, default=0.0, help="seconds between random joint resets")
-    parser.add_argument("--reset-spread", type=float, default=0.0, help="half-width (rad or m) of the resets")
+    add_perturbation_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process dies (default: run standalone)"
@@ -410,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("imu_rate", "object_rate", "drive_rate"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')}: expected a rate > 0 Hz")
-    for name in ("imu_noise", "imu_bias", "gantry", "shift_at", "reset_every", "reset_spread"):
+    for name in ("imu_noise", "imu_bias", "gantry", *PERTURBATIONS[1:]):
         if not getattr(args, name) >= 0:
             parser.error(f"--{name.replace('_', '-')}: expected a value >= 0")
     if args.loopback:

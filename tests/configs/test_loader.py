@@ -81,14 +81,14 @@ def test_parse_overrides_nests_and_parses_yaml() -> None:
 @pytest.mark.parametrize("name", list_presets())
 def test_shipped_presets_resolve(name: str) -> None:
     """Each as the job `q2real train --preset NAME` would run (a `residual:` section makes it residual RL)."""
-    from q2real.cli.main import job_kind
+    from q2real.agents.jobs import job_kind
     from q2real.residual.train import ResidualTrainConfig
 
     load(ResidualTrainConfig if job_kind(name, []) == "residual" else TrainConfig, name)
 
 
 def test_the_residual_preset_is_a_residual_job() -> None:
-    from q2real.cli.main import job_kind
+    from q2real.agents.jobs import job_kind
 
     assert job_kind("residual_panda_push", []) == "residual"
     assert job_kind("sac_panda_push", ["residual.scale=0.2"]) == "residual"

@@ -16,7 +16,8 @@ from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.inputs import Inputs, imu_in_base, rotation_matrix
 from q2real.deploy_ros.observation import ObservationBuilder
 from q2real.deploy_ros.settings import InputsConfig, TopicConfig
-from q2real.gate.sim_robot import SimRobotConfig, SimWorld
+from q2real.gate.sim_robot import SimWorld
+from q2real.gate.sim_settings import SimRobotConfig
 from q2real.hardware import RobotSpec, load_spec, robot_spec
 from q2real.hardware.model import load_model
 from q2real.hardware.spec import HARDWARE_DIR
