@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,7 +89,15 @@ class Counts:
 
 
 class FineTuning:
-    """Attach to a node before it spins; `start()` launches the learner, `close()` stops it."""
+    """On-robot learning for a node, built with it (`PolicyNode(..., learning=FineTuning.attach(...))`);
+    `start()` launches the learner, `close()` stops it."""
+
+    @staticmethod
+    def attach(
+        settings: FinetuneSettings, directory: Path | None = None, record=None
+    ) -> Callable[[PolicyNode], FineTuning]:
+        """What `PolicyNode` calls with itself to build its fine-tuning."""
+        return lambda node: FineTuning(node, settings, directory, record)
 
     def __init__(self, node: PolicyNode, settings: FinetuneSettings, directory: Path | None = None, record=None):
         if not settings.enabled:
@@ -116,8 +125,6 @@ class FineTuning:
         self._announced = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        node.exploration = self.explore
-        node.on_tick = self.on_tick
 
     # --- the tick path ---------------------------------------------------------------------------------
     def explore(self, action: np.ndarray) -> np.ndarray:

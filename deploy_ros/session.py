@@ -122,15 +122,15 @@ def deploy(
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if sim:
         use_loopback()
-    node = PolicyNode(bundle, config)
+    node = PolicyNode(bundle, config, FineTuning.attach(config.finetune) if config.finetune.enabled else None)
+    tuning = node.learning if isinstance(node.learning, FineTuning) else None
     # Paid when the node's modules were imported: before the robot is even awaited, never in a tick.
     print(f"shield: compiled kernels ready ({COMPILE_SECONDS:.2f} s to compile or load from the cache)", flush=True)
-    robot = tuning = None
+    robot = None
     switch_interval = sys.getswitchinterval()
     applied: list[str] = []
     try:
-        if config.finetune.enabled:
-            tuning = FineTuning(node, config.finetune)
+        if tuning is not None:
             tuning.start()  # before the real-time settings, which the learner must not inherit
         if sim:
             # The robot alone, unless the policy observes an object of its task's world.

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import DdsNode, wait_for_match
 from q2real.deploy_ros.node import PolicyNode
+from q2real.deploy_ros.requests import Applied
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import ShieldConfig
@@ -210,7 +211,7 @@ def test_a_future_stamp_does_not_extend_the_watchdog(pendulum_bundle) -> None:
     assert node.shield.mode == Mode.RUN
     # A state stamped 50 ms ahead: taken as arriving now, so the node still falls back on time.
     node.on_joint_state(["hinge"], [0.1], [0.0], [], received=time.monotonic() + 0.05)
-    last = node._latest.received
+    last = node.states.latest.received
     assert last <= time.monotonic()
     age = node.shield.config.max_state_age
     assert node.tick(last + age + DT).command.mode == Mode.HOLD
@@ -240,10 +241,10 @@ def test_a_reset_sent_before_the_shield_latched_a_fault_does_not_clear_it(pendul
     node, now = _running(pendulum_bundle)
     node.on_reset()  # queued for the next tick...
     node.on_joint_state(["hinge"], [0.1], [1e4], [], received=now)  # ...and this state latches a sensor fault
-    node._apply_requests = lambda: False  # the reset lands after this tick's requests were taken
+    node.requests.apply = lambda shield: Applied()  # the reset lands after this tick's requests were taken
     fault = node.tick(now)
     assert fault.command.mode == Mode.ESTOP and "velocity limit" in fault.command.reason
-    del node._apply_requests
+    del node.requests.apply
     node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now + DT)
     assert node.tick(now + DT).command.mode == Mode.ESTOP
     node.on_reset()

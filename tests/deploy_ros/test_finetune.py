@@ -135,9 +135,12 @@ def test_exploration_noise_is_bounded_and_stays_in_the_action_range(action, std,
 # --- validation and swap, with the node's real bundle checks ---------------------------------------------
 @pytest.fixture()
 def tuning(pendulum_bundle: Path, tmp_path: Path):
-    node = PolicyNode(pendulum_bundle, NodeConfig(autostart=True, require_subscriber=False))
     events: list[dict] = []
-    tuning = FineTuning(node, FinetuneSettings(run="unused", window=20), tmp_path / "ft", record=events.append)
+    settings = FinetuneSettings(run="unused", window=20)
+    config = NodeConfig(autostart=True, require_subscriber=False)
+    node = PolicyNode(pendulum_bundle, config, FineTuning.attach(settings, tmp_path / "ft", record=events.append))
+    tuning = node.learning
+    assert isinstance(tuning, FineTuning)
     tuning.events = events  # pyright: ignore[reportAttributeAccessIssue]
     _run_ticks(tuning, 20, reward=0.4)  # a window of the deployed version: the first trial's reference
     return tuning
@@ -165,7 +168,7 @@ def _export(tmp_path: Path, name: str, seed: int, edit=None) -> Path:
 def test_a_valid_candidate_is_swapped_in_at_a_tick_boundary(tuning: FineTuning, tmp_path: Path) -> None:
     _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
     lock_held = threading.Event()
-    with tuning.node._tick_lock:  # a tick in progress: the swap waits for its end
+    with tuning.node.loop.lock:  # a tick in progress: the swap waits for its end
         worker = threading.Thread(target=lambda: (tuning.check(), lock_held.set()))
         worker.start()
         time.sleep(0.3)

@@ -58,10 +58,10 @@ def test_running_node_sends_finite_efforts_within_the_limit(pendulum_bundle) -> 
 )
 def test_malformed_joint_states_are_refused_and_never_used(pendulum_bundle, message, reason) -> None:
     node, now = _running_node(pendulum_bundle)
-    before = node._latest
+    before = node.states.latest
     refusal = node.on_joint_state(*message, received=now)
     assert refusal is not None and refusal.startswith(reason)
-    assert node._latest is before, "a refused message replaced the joint state"
+    assert node.states.latest is before, "a refused message replaced the joint state"
     assert node.refused[reason] == 1
     report = node.diagnostics()
     assert report["level"] >= 1 and report["values"][f"refused.{reason}"] == "1"
@@ -71,7 +71,7 @@ def test_malformed_joint_states_are_refused_and_never_used(pendulum_bundle, mess
 def test_nan_efforts_and_declared_extra_joints_are_accepted(pendulum_bundle) -> None:
     node = PolicyNode(pendulum_bundle, NodeConfig(extra_joints=("gripper",)))
     assert node.on_joint_state(["gripper", "hinge"], [0.0, 0.3], [0.0, 0.1], [math.nan, math.nan]) is None
-    assert node._latest.position.tolist() == [0.3]
+    assert node.states.latest.position.tolist() == [0.3]
     node.check_robot(["gripper", "hinge"])
 
 

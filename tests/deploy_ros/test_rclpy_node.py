@@ -84,7 +84,7 @@ def test_the_rclpy_node_swings_the_sim_robot_up(trained_bundle, dds_domain) -> N
             end = time.monotonic() + 10.0
             angles = []
             while time.monotonic() < end:
-                sample = node.core._latest
+                sample = node.core.states.latest
                 if sample is not None:
                     angles.append((time.monotonic(), float(sample.position[0])))
                 time.sleep(0.02)

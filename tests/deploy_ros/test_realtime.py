@@ -309,7 +309,7 @@ def test_no_two_ticks_share_a_period_however_the_states_jitter(pendulum_bundle) 
     node = PolicyNode(pendulum_bundle, _config(realtime=RealtimeConfig(gc="automatic")))
     ticks: list[tuple[float, float]] = []  # (when the tick was taken, the slot it was due in)
     stop = threading.Event()
-    loop = threading.Thread(target=node.spin, args=(stop, lambda t: ticks.append((t.time, node._next_at))))
+    loop = threading.Thread(target=node.spin, args=(stop, lambda t: ticks.append((t.time, node.loop.next_at))))
     loop.start()
     rng = np.random.default_rng(0)
     try:
