@@ -349,12 +349,12 @@ def _deploy(args: argparse.Namespace) -> int:
         sim_extra=sim_extra,
     )
     print(
-        f"stopped after {summary.ticks} ticks in mode {summary.mode}; latency p50 {summary.latency_p50_ms:.3f} ms "
+        f"stopped ({summary.stopped_by}) after {summary.ticks} ticks, in mode {summary.mode_at_stop}; the last "
+        f"command was the shield's stop ({summary.mode}); latency p50 {summary.latency_p50_ms:.3f} ms "
         f"p99 {summary.latency_p99_ms:.3f} ms; loop deadline misses {summary.loop_deadline_misses}; "
-        f"refused messages {summary.refused_messages}; shield rules {summary.shield_counters or 'none fired'}; "
-        f"the shield changed the policy's command on {summary.run_interventions} of its {summary.run_ticks} ticks, "
-        f"by {summary.run_change / max(summary.run_ticks, 1):.3f} per joint and tick in action units"
+        f"refused messages {summary.refused_messages}"
     )
+    print(_shield_report(summary))
     stages = ", ".join(f"{name} {s['p99_ms']:.3f}" for name, s in summary.stages.items() if name != "total")
     print(f"tick path p99 ms: {stages}" + (f" (every tick in {args.timings})" if args.timings else ""))
     if summary.finetune is not None:
@@ -365,6 +365,22 @@ def _deploy(args: argparse.Namespace) -> int:
             f"{tuned['directory']}"
         )
     return 0
+
+
+def _shield_report(summary) -> str:
+    """What the policy and the shield did, in the words of `shield rules`: a veto replaces the policy's
+    command with the fallback (a hold), a clamp bounds it."""
+    rules = summary.shield_counters
+    vetoes = rules.get("VETO", 0)
+    line = (
+        f"policy: ran on {summary.policy_queries} of {summary.run_ticks} ticks in RUN; shield rules "
+        f"{rules or 'none fired'}; its clamps changed the policy's command on {summary.run_interventions} of "
+        f"those ticks, by {summary.run_change / max(summary.run_ticks, 1):.3f} per joint and tick in action units"
+    )
+    if summary.cost_q_range is not None:
+        low, high = summary.cost_q_range
+        line += f"; the cost critic vetoed {vetoes} ticks (Q_c {low:.4g} to {high:.4g})"
+    return line
 
 
 def _learn(args: argparse.Namespace) -> int:

@@ -171,6 +171,8 @@ class PolicyNode:
         self._output_shape = (1, *((chunk.size,) if chunk.size > 1 else ()), width)
         self.policy_queries = 0
         """Ticks on which the policy ran (all RUN ticks, or a chunk policy's due ticks)."""
+        self.cost_q_range = (math.inf, -math.inf)
+        """The lowest and highest finite Q_c the cost critic gave (with `cost_veto`)."""
         self.refused: Counter[str] = Counter()
         self.last_refusal = ""
         self.ticks = 0
@@ -415,7 +417,10 @@ class PolicyNode:
             try:
                 commands, cost = self.bundle.act(obs)
                 if self.config.cost_veto is not None and cost is not None:
-                    self._cost_q = float(cost[0])
+                    self._cost_q = value = float(cost[0])
+                    if math.isfinite(value):
+                        low, high = self.cost_q_range
+                        self.cost_q_range = (min(low, value), max(high, value))
             except Exception as err:  # onnxruntime raises its own types; the shield counts the failure
                 return self._unusable(f"policy: the bundle failed on this observation: {err}", None)
             policy_time = time.perf_counter() - began

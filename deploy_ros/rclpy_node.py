@@ -18,6 +18,7 @@ file in `deploy_ros/ros2/launch`.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -164,6 +165,11 @@ class RclpyPolicyNode(Node):
         self.diagnostics_pub.publish(diagnostics_message(MESSAGES, report, self.core.spec.name, stamp_now(MESSAGES)))
 
 
+def _starts_on_enter(core: PolicyNode) -> None:
+    while sys.stdin.readline():
+        core.start()
+
+
 def main(args=None) -> None:
     # Our own SIGINT/SIGTERM handling: rclpy's would shut the context down before the last command.
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
@@ -174,7 +180,8 @@ def main(args=None) -> None:
     executor = MultiThreadedExecutor()
     executor.add_node(node)
     if node.core.config.autostart is False:
-        threading.Thread(target=lambda: (input("Enter starts the ramp\n"), node.core.start()), daemon=True).start()
+        print("Enter starts the ramp (every time: after an e-stop and a reset too)", flush=True)
+        threading.Thread(target=_starts_on_enter, args=(node.core,), daemon=True).start()
     try:
         while not stop.is_set() and node.failure is None:
             executor.spin_once(timeout_sec=0.1)

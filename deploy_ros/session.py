@@ -11,6 +11,7 @@ is started (it must not inherit them) and before the node's DDS threads exist (t
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.programs import SIM_ROBOT, program
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.safety.compiled import COMPILE_SECONDS
+from q2real.safety.flags import Mode
 
 SIM_STARTUP = 30.0
 """Seconds to wait for the sim robot's first joint state: its process imports MuJoCo (and, for a task's
@@ -52,6 +54,14 @@ class Summary:
     """p50/p99/max milliseconds per stage of the tick path (`q2real.deploy_ros.timing.SPANS`)."""
     realtime: list[str]
     """The real-time settings that were applied."""
+    stopped_by: str = "stop requested"
+    """What ended the run: `duration`, `Ctrl-C`, `SIGTERM`, or `stop requested` (the caller's event)."""
+    mode_at_stop: str = "PASSIVE"
+    """The shield's mode on the last tick before the stop (the final command is always an e-stop)."""
+    policy_queries: int = 0
+    """Ticks on which the policy ran (all RUN ticks, or a chunk policy's due ticks)."""
+    cost_q_range: tuple[float, float] | None = None
+    """The cost critic's lowest and highest Q_c over the run (with `cost_veto`; None without)."""
     finetune: dict[str, object] | None = None
     """With fine-tuning: versions swapped in, refused, rolled back and accepted, the version running at
     the end, the learner's exit status (None: it was still running) and the fine-tuning directory."""
@@ -117,9 +127,10 @@ def deploy(
     robot's initial joint positions; `sim_extra`: more of its command-line options (a dynamics shift).
     With fine-tuning on (`config.finetune.run` or `.learner_address`) the learner starts (and must
     load) before the robot does."""
-    stop = stop or threading.Event()
+    stopper = Stopper(stop or threading.Event())
+    stop = stopper.event
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stopper.set("SIGTERM"))
     if sim:
         use_loopback()
     node = PolicyNode(bundle, config, FineTuning.attach(config.finetune) if config.finetune.enabled else None)
@@ -141,7 +152,7 @@ def deploy(
         if applied:
             print(f"real-time settings: {', '.join(applied)}", flush=True)
         startup = SIM_STARTUP if sim else ROBOT_STARTUP
-        _serve(node, config, stop, duration, status_every, operator_start, startup, tuning)
+        _serve(node, config, stopper, duration, status_every, operator_start, startup, tuning)
     finally:
         sys.setswitchinterval(switch_interval)
         if tuning is not None:
@@ -165,14 +176,29 @@ def deploy(
         run_change=node.shield.counters.run_change,
         stages=stages,
         realtime=applied,
+        stopped_by=stopper.reason or "stop requested",
+        mode_at_stop=stopper.mode,
+        policy_queries=node.policy_queries,
+        cost_q_range=node.cost_q_range if math.isfinite(node.cost_q_range[0]) else None,
         finetune=tuning.summary() if tuning is not None else None,
     )
+
+
+class Stopper:
+    """The run's stop event and what set it first, so the console says how the run ended."""
+
+    def __init__(self, event: threading.Event):
+        self.event, self.reason, self.mode = event, "", Mode.PASSIVE.name
+
+    def set(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.event.set()
 
 
 def _serve(
     node: PolicyNode,
     config: NodeConfig,
-    stop: threading.Event,
+    stopper: Stopper,
     duration: float | None,
     status_every: float | None,
     operator_start: bool,
@@ -182,6 +208,7 @@ def _serve(
     """The node on DDS until `stop`; it always ends with a last safe command and a closed bag.
     `startup`: seconds to wait for the first joint state when `startup_timeout` is not set."""
     transport = DdsNode(node)
+    stop = stopper.event
     recorder = None
     try:
         if config.record:
@@ -194,16 +221,20 @@ def _serve(
                 tuning.record = recorder.write_event
         transport.wait_for_robot(startup)
         if duration is not None:
-            timer = threading.Timer(duration, stop.set)
+            timer = threading.Timer(duration, stopper.set, ("duration",))
             timer.daemon = True
             timer.start()
         if operator_start:
             threading.Thread(target=_wait_for_enter, args=(node,), daemon=True).start()
         if status_every:
             threading.Thread(target=_print_status, args=(node, status_every, stop), daemon=True).start()
-        node.spin(stop, transport.publish)
+        try:
+            node.spin(stop, transport.publish)
+        except KeyboardInterrupt:
+            stopper.reason = stopper.reason or "Ctrl-C"
     finally:
-        stop.set()
+        stopper.set("")
+        stopper.mode = node.shield.mode.name
         # A last command in the fallback mode, so the robot is not left on the policy's last action.
         node.final_command(transport.publish)
         transport.close()
@@ -214,8 +245,9 @@ def _serve(
 
 
 def _wait_for_enter(node: PolicyNode) -> None:
-    sys.stdin.readline()
-    node.start()
+    """Every Enter is a start (after an e-stop and a reset too), until stdin closes."""
+    while sys.stdin.readline():
+        node.start()
 
 
 def _print_status(node: PolicyNode, every: float, stop: threading.Event) -> None:

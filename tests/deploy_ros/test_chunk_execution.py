@@ -243,7 +243,7 @@ def test_a_chunk_policy_trains_exports_deploys_on_the_sim_robot_and_goes_through
     capsys.readouterr()
     assert main(["deploy", str(bundle), "--sim", "--duration", "4", "shield.ramp_time=0.5"]) == 0
     out = capsys.readouterr().out
-    assert "stopped after" in out and "refused messages 0" in out, out
+    assert "stopped (duration) after" in out and "refused messages 0" in out, out
     assert main(["transfer", str(run), "--backend", "mujoco", "--episodes", "2", "--only", "nominal"]) in (0, 1)
     report = json.loads((run / "transfer.json").read_text())
     assert [row["name"] for row in report["rows"]] == ["shield", "nominal"]

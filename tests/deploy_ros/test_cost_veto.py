@@ -155,6 +155,8 @@ def test_the_veto_never_bypasses_a_clamp(safe_bundle) -> None:
         now += DT
         assert np.isfinite(tick.values).all() and abs(tick.values[0]) <= 2.0  # hardware/pendulum effort limit
     assert node.shield.counters.rules["VETO"] > 0
+    low, high = node.cost_q_range  # what the console reports beside the vetoes
+    assert np.isfinite([low, high]).all() and low <= 0.0 < high
 
 
 @pytest.mark.slow  # the sim robot as its own DDS participant

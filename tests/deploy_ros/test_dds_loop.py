@@ -99,7 +99,7 @@ def test_trained_policy_swings_up_the_sim_robot_through_ros2_messages(trained_bu
     code = main(["deploy", str(trained_bundle), "--sim", "--duration", "10", "shield.ramp_time=0.5", f"record={bag}"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "stopped after" in out
+    assert "stopped (duration) after" in out and "in mode RUN;" in out, out
     t = np.array([s[0] for s in listener.states])
     angle = np.array([s[1] for s in listener.states])
     assert len(angle) > 400, f"only {len(angle)} joint states seen on the wire"

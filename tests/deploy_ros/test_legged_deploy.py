@@ -83,7 +83,7 @@ def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(tas
         if publisher is not None:
             publisher.join()
     out = capsys.readouterr().out
-    assert code == 0 and "stopped after" in out, out
+    assert code == 0 and "stopped (duration) after" in out, out
     assert "RUN" in wire.modes, f"the node never handed over to the policy: {wire.modes[-5:]} ({out[-2000:]})"
     # From the handover to the stop: RUN only, then the stop's reports (the e-stop tick's and the last one).
     after = "".join("R" if mode == "RUN" else "E" if mode == "ESTOP" else "x" for mode in wire.modes)

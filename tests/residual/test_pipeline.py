@@ -43,7 +43,7 @@ def test_demos_to_bc_to_residual_to_bundle_to_the_sim_robot(tmp_path: Path, caps
     capsys.readouterr()
     assert main(["deploy", str(bundle), "--sim", "--duration", "4", "shield.ramp_time=0.5"]) == 0
     out = capsys.readouterr().out
-    assert "stopped after" in out and "refused messages 0" in out, out
+    assert "stopped (duration) after" in out and "refused messages 0" in out, out
 
 
 @pytest.mark.slow  # a learning test: trains for about a minute

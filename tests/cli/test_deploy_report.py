@@ -1,0 +1,36 @@
+"""What `q2real deploy` prints when it stops: how the run ended and what the policy and shield did."""
+
+from __future__ import annotations
+
+from q2real.cli.main import _shield_report
+from q2real.deploy_ros.session import Summary
+
+
+def _summary(**fields) -> Summary:
+    base = dict(
+        ticks=800,
+        mode="ESTOP",
+        latency_p50_ms=0.5,
+        latency_p99_ms=1.0,
+        loop_deadline_misses=0,
+        refused_messages=0,
+        shield_counters={},
+        run_ticks=781,
+        run_interventions=0,
+        run_change=0.0,
+        stages={},
+        realtime=[],
+    )
+    return Summary(**(base | fields))
+
+
+def test_vetoes_are_reported_beside_the_clamps_with_the_critics_range() -> None:
+    report = _shield_report(_summary(shield_counters={"VETO": 778}, policy_queries=781, cost_q_range=(-0.5, 2.25)))
+    assert "ran on 781 of 781 ticks in RUN" in report
+    assert "its clamps changed the policy's command on 0 of those ticks" in report
+    assert "the cost critic vetoed 778 ticks (Q_c -0.5 to 2.25)" in report
+
+
+def test_without_a_cost_critic_no_veto_is_mentioned() -> None:
+    report = _shield_report(_summary(shield_counters={"POSITION_CLAMP": 3}, run_interventions=3, run_change=1.5))
+    assert "POSITION_CLAMP" in report and "on 3 of those ticks" in report and "veto" not in report
