@@ -30,7 +30,7 @@ from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT, CheckpointError, save_checkpoint
 from q2real.agents.common.episodes import EpisodeTracker
 from q2real.agents.common.guard import FiniteFlags, check_finite, parameters_of
-from q2real.agents.common.metrics import MetricLogger
+from q2real.agents.common.metrics import RETURNS, MetricLogger, Panel
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import RunDir
 from q2real.agents.common.samplers import UniformSampler, make_sampler
@@ -126,7 +126,7 @@ class Trainer:
             callbacks = [CheckpointCallback()]
         self.path = self.run_dir.path
         self.run_dir.update_meta(threads=self.thread_summary())
-        self.logger = MetricLogger(self.run_dir, log, elapsed=elapsed)
+        self.logger = MetricLogger(self.run_dir, log, elapsed=elapsed, panels=curve_panels(config))
         self.callbacks = callbacks
 
     # --- pieces a training job built on this loop may replace ----------------------------------------
@@ -349,6 +349,14 @@ class Trainer:
         raise CheckpointError(
             f"{folder}: no checkpoint of step {step} (rank 0's, {resume / CHECKPOINT}) for rank {self.ranks.rank}"
         )
+
+
+def curve_panels(config: TrainConfig) -> tuple[Panel, ...]:
+    """What curves.png shows: returns, and for a constrained learner its episode cost against the limit."""
+    limit = getattr(config.agent, "cost_limit", None)
+    if limit is None:
+        return (RETURNS,)
+    return RETURNS, Panel("episode cost", ("episode_cost", "eval_cost"), limit=limit)
 
 
 def train(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Trainer:

@@ -101,7 +101,9 @@ def check_fits(trainer: Trainer, path: Path, state: dict[str, Any]) -> None:
         raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}; this q2real reads format {FORMAT}")
     check_agent_checkpoint(path, state, trainer.config, trainer.agent, ("env.num_envs", "replay_capacity"))
     check_shapes(path, "agent_extra", state["agent_extra"], trainer.agent.extra_state())
-    check_shapes(path, "replay", state["replay"]["data"], trainer.replay.data)
+    problem = trainer.replay.state_problem(state["replay"])
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}")
     check_shapes(path, "episodes", state["episodes"], trainer.episodes.state_dict())
     sampler = trainer.sampler.state_dict()
     if state.get("sampler") and sampler:  # a prioritized sampler resuming a uniform run starts fresh

@@ -22,7 +22,7 @@ from torch import nn
 
 from q2real.agents.callbacks import ChunkExecutor, evaluate_episodes
 from q2real.agents.common.checkpoint import CHECKPOINT, check_config, load_checkpoint, save_checkpoint
-from q2real.agents.common.metrics import MetricLogger
+from q2real.agents.common.metrics import MetricLogger, Panel
 from q2real.agents.common.networks import DeterministicActor
 from q2real.agents.common.normalizer import ObsNormalizer
 from q2real.agents.common.progress import Progress
@@ -160,7 +160,10 @@ class BCRun:
         config, demos, device = self.config, self.demos, self.env.device
         threads = torch.get_num_threads()
         torch.set_num_threads(config.threads)
-        logger = MetricLogger(self.run_dir, config.log)
+        losses = Panel("behaviour cloning loss", ("bc/train_loss", "bc/val_loss"))
+        logger = MetricLogger(
+            self.run_dir, config.log, panels=(losses, Panel("return", ("eval_return",))), x_label="epochs"
+        )
         try:
             rng = np.random.default_rng(config.seed)
             order = rng.permutation(demos.num_episodes)

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,33 @@ from q2real.agents.common.run_dir import LogConfig, RunDir
 from q2real.configs.errors import MissingDependency
 
 
-class MetricLogger:
-    """`log(step, metrics)` fans out to every sink; `close()` writes the CSV and the curves PNG."""
+@dataclass(frozen=True)
+class Panel:
+    """One row of curves.png: the metrics a run optimizes, on one y axis."""
 
-    def __init__(self, run: RunDir, config: LogConfig, elapsed: float = 0.0):
+    ylabel: str
+    keys: tuple[str, ...]
+    limit: float | None = None
+    """A level drawn across the row (a safe run's cost limit)."""
+
+
+RETURNS = Panel("return", ("episode_return", "eval_return"))
+
+
+class MetricLogger:
+    """`log(step, metrics)` fans out to every sink; `close()` writes the CSV and the curves PNG, one row
+    per panel, against `x_label` (what `step` counts)."""
+
+    def __init__(
+        self,
+        run: RunDir,
+        config: LogConfig,
+        elapsed: float = 0.0,
+        panels: tuple[Panel, ...] = (RETURNS,),
+        x_label: str = "env steps",
+    ):
         self.path = run.path
+        self.panels, self.x_label = panels, x_label
         self._jsonl = open(self.path / "metrics.jsonl", "a", buffering=1)
         self._start = time.monotonic() - elapsed
         self._tb = None
@@ -53,7 +76,7 @@ class MetricLogger:
             self._wandb.finish()
         records = read_metrics(self.path / "metrics.jsonl")
         write_csv(records, self.path / "metrics.csv")
-        plot_curves(records, self.path / "curves.png")
+        plot_curves(records, self.path / "curves.png", self.panels, self.x_label)
 
 
 def _start_wandb(run: RunDir, config: LogConfig):
@@ -94,31 +117,39 @@ def write_csv(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def plot_curves(
-    records: list[dict[str, Any]], path: Path, keys: tuple[str, ...] = ("episode_return", "eval_return")
+    records: list[dict[str, Any]], path: Path, panels: tuple[Panel, ...] = (RETURNS,), x_label: str = "env steps"
 ) -> bool:
-    """Plot each of `keys` present in the records against env steps and against wall-clock; returns
-    False when there is nothing to plot."""
-    series = {}
-    for key in keys:
-        points = [r for r in records if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
-        if points:
-            series[key] = points
-    if not series:
+    """Each panel's metrics present in the records, a row per panel, against the run's progress (env
+    steps, or epochs) and against wall-clock; returns False when there is nothing to plot."""
+    rows = []
+    for panel in panels:
+        series = {}
+        for key in panel.keys:
+            points = [r for r in records if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+            if points:
+                series[key] = points
+        if series:
+            rows.append((panel, series))
+    if not rows:
         return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    for key, points in series.items():
-        for ax, x_key in ((axes[0], "step"), (axes[1], "wall_time")):
-            ax.plot([r[x_key] for r in points], [r[key] for r in points], marker="o", markersize=3, label=key)
-    for ax, label in ((axes[0], "env steps"), (axes[1], "wall-clock (s)")):
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("return")
-    axes[0].legend()
+    fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.4 * len(rows)), sharey="row", squeeze=False)
+    for (panel, series), row in zip(rows, axes, strict=True):
+        for key, points in series.items():
+            for ax, x_key in ((row[0], "step"), (row[1], "wall_time")):
+                ax.plot([r[x_key] for r in points], [r[key] for r in points], marker="o", markersize=3, label=key)
+        if panel.limit is not None:
+            for ax in row:
+                ax.axhline(panel.limit, color="tab:red", linestyle="--", linewidth=1, label="limit")
+        for ax, label in ((row[0], x_label), (row[1], "wall-clock (s)")):
+            ax.set_xlabel(label)
+            ax.grid(alpha=0.3)
+        row[0].set_ylabel(panel.ylabel)
+        row[0].legend()
     fig.suptitle(path.parent.name)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")

@@ -172,13 +172,37 @@ class ReplayStorage:
         )
 
     def state_dict(self) -> dict:
-        return {"data": dict(self.data), "pos": self.pos, "size": self.size}
+        """The rows in use only: writing starts at row 0 and wraps only once every row is filled, so
+        they are the first `size`. Cloned, because saving a view would save the whole storage."""
+        size = self.size
+        data = {k: v[:size].clone() for k, v in self.data.items()}
+        return {"data": data, "pos": self.pos, "size": size, "rows": self.rows}
+
+    def state_problem(self, state: dict) -> str | None:
+        """Why `state` does not fit this replay (a field, its shape and this replay's), or None. A
+        checkpoint holds its rows in use, so only the per-row shapes must match (checkpoints that
+        saved every row load too)."""
+        stored = state["data"]
+        rows = state.get("rows", len(stored["obs"]) if "obs" in stored else self.rows)  # older: every row saved
+        if rows != self.rows:
+            return f"replay: the checkpoint's replay has {rows} rows per env, this run's {self.rows} (replay_capacity)"
+        for key, tensor in self.data.items():
+            if key not in stored:
+                return f"replay.{key}: missing from the checkpoint"
+            shape = tuple(stored[key].shape)
+            if shape[1:] != tuple(tensor.shape[1:]) or not state["size"] <= shape[0] <= self.rows:
+                return f"replay.{key}: checkpoint shape {shape} does not fit this replay's {tuple(tensor.shape)}"
+        unknown = sorted(set(stored) - set(self.data))
+        if unknown:
+            return f"replay: the checkpoint has fields {unknown} this replay does not"
+        if not (0 <= state["pos"] < self.rows and 0 <= state["size"] <= self.rows):
+            return f"replay: position {state['pos']} and size {state['size']} outside its {self.rows} rows"
+        return None
 
     def load_state_dict(self, state: dict) -> None:
+        problem = self.state_problem(state)
+        if problem is not None:
+            raise ValueError(problem)
         for key, value in state["data"].items():
-            if value.shape != self.data[key].shape:
-                raise ValueError(
-                    f"replay.{key}: checkpoint shape {tuple(value.shape)} != {tuple(self.data[key].shape)}"
-                )
-            self.data[key].copy_(value)
+            self.data[key][: len(value)].copy_(value)
         self.cursor[0], self.cursor[1] = int(state["pos"]), int(state["size"])

@@ -212,7 +212,7 @@ def test_resume_compares_replay_shapes(run: Path) -> None:
     state["config"]["replay_capacity"] = 600
     save_checkpoint(path, state)
     with pytest.raises(
-        ValueError, match=re.escape(f"{path}: replay.obs: checkpoint shape (200, 2, 3), this run (300, 2, 3)")
+        ValueError, match=re.escape(f"{path}: replay: the checkpoint's replay has 200 rows per env, this run's 300")
     ):
         Trainer(tiny(run.parent, "run", extra=("replay_capacity=600",)), resume=run)
 

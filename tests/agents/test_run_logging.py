@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from q2real.agents.common.episodes import EpisodeTracker
-from q2real.agents.common.metrics import plot_curves, read_metrics, write_csv
+from q2real.agents.common.metrics import RETURNS, Panel, plot_curves, read_metrics, write_csv
 from q2real.agents.common.progress import Progress
 from q2real.sim.vec_env import StepResult
 
@@ -47,6 +47,22 @@ def test_metrics_survive_a_torn_last_line_and_plot(tmp_path: Path) -> None:
     assert plot_curves(records, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert not plot_curves([{"step": 1, "wall_time": 0.0}], tmp_path / "none.png")
+
+
+def test_curves_show_what_each_run_kind_optimizes(tmp_path: Path) -> None:
+    """A safe run plots its cost against the limit; a BC run its losses by epoch, not one dot."""
+    safe = [{"step": s, "wall_time": s / 10, "episode_return": s, "episode_cost": 30 - s} for s in (1, 2, 3)]
+    cost = Panel("episode cost", ("episode_cost", "eval_cost"), limit=25.0)
+    assert plot_curves(safe, tmp_path / "safe.png", (RETURNS, cost))
+    bc = [{"step": e, "wall_time": e, "bc/train_loss": 1 / e, "bc/val_loss": 1.2 / e} for e in (1, 2, 3)]
+    assert not plot_curves(bc, tmp_path / "default.png")  # returns alone: nothing a BC run logs
+    assert plot_curves(bc, tmp_path / "bc.png", (Panel("loss", ("bc/train_loss", "bc/val_loss")),), "epochs")
+    import matplotlib.image
+
+    # Two rows of axes are taller than one.
+    assert (
+        matplotlib.image.imread(tmp_path / "safe.png").shape[0] > matplotlib.image.imread(tmp_path / "bc.png").shape[0]
+    )
 
 
 def test_progress_prints_plain_lines_when_not_a_terminal() -> None:

@@ -91,6 +91,11 @@ def test_checkpoint_holds_only_plain_tensors_and_containers(tmp_path: Path) -> N
     state = load_checkpoint(trainer.last_checkpoint)  # torch.load(weights_only=True) after the hash check
     assert {"agent", "optimizers", "replay", "env", "rng", "config", "step"} <= set(state)
     assert state["config"]["algo"] == "td3" and state["step"] == 600
+    # Right-sized: the 300 rows per env in use of the default 1M-transition replay, not all of it.
+    replay = state["replay"]
+    assert replay["size"] == 300 and replay["rows"] == 500_000
+    assert all(len(tensor) == 300 for tensor in replay["data"].values())
+    assert trainer.last_checkpoint.stat().st_size < 2_000_000
 
 
 class Poison(Callback):
