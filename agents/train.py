@@ -30,6 +30,7 @@ from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT, CheckpointError, save_checkpoint
 from q2real.agents.common.episodes import EpisodeTracker
 from q2real.agents.common.guard import FiniteFlags, check_finite, parameters_of
+from q2real.agents.common.memory import check_fits
 from q2real.agents.common.metrics import RETURNS, MetricLogger, Panel
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import RunDir
@@ -74,6 +75,8 @@ class Trainer:
         self.eval_env = self.make_env(
             dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000)
         )
+        env = self.env
+        check_fits(config.algo, config.agent, config.replay_capacity, env.obs_dim, env.action_dim, env.device)
         self.agent = self.build_agent()
         if self.parallel_data is not None:
             self.parallel_data.attach(self.agent)

@@ -7,6 +7,7 @@ resume can refuse a checkpoint of another algorithm, task, network or replay sha
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,11 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
 def restore(trainer: Trainer, path: Path, world: int = 1) -> float:
     """Load the checkpoint at `path` into `trainer` after checking it fits a job of `world` ranks;
     returns the run's elapsed seconds."""
-    state = upgrade(load_checkpoint(path, trainer.env.device))
+    state = load_checkpoint(path, trainer.env.device)
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}; this q2real reads format {FORMAT}")
+    check_counters(path, state)
+    state = upgrade(state)
     check_fits(trainer, path, state)
     written = int(state.get("world", 1))
     if written != world:
@@ -95,10 +100,41 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+ENTRIES = (
+    "config", "step", "iteration", "updates", "update_credit", "elapsed", "agent", "agent_extra",
+    "optimizers", "replay", "env", "obs", "episodes", "rng",
+)  # fmt: skip
+"""What every checkpoint of this format holds (`sampler` and `chunks` may be empty)."""
+
+
+def check_counters(path: Path, state: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose hash is valid but whose contents are not (an edit, a bug): a missing
+    entry, or counters no run could have written."""
+    missing = [key for key in ENTRIES if key not in state]
+    if "rng" in state and "torch" not in state["rng"]:
+        missing.append("rng.torch")
+    if missing:
+        raise CheckpointError(f"{path}: the checkpoint lacks {missing} (written by another program, or edited)")
+    step, iteration = state["step"], state["iteration"]
+    for key in ("step", "iteration", "updates"):
+        if not isinstance(state[key], int) or state[key] < 0:
+            raise CheckpointError(f"{path}: {key}: expected a whole number >= 0, got {state[key]!r}")
+    try:  # the run that wrote it: its envs on every rank
+        envs_per_iteration = int(state["config"]["env"]["num_envs"]) * int(state.get("world", 1))
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{path}: config: no env.num_envs a run could have written") from None
+    if step != iteration * envs_per_iteration:
+        raise CheckpointError(
+            f"{path}: step {step} is not iteration {iteration} x {envs_per_iteration} env steps per iteration"
+        )
+    for key in ("update_credit", "elapsed"):
+        value = state[key]
+        if not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise CheckpointError(f"{path}: {key}: expected a finite number >= 0, got {value!r}")
+
+
 def check_fits(trainer: Trainer, path: Path, state: dict[str, Any]) -> None:
     """Refuse a checkpoint this run cannot continue, naming the first setting or tensor that differs."""
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}; this q2real reads format {FORMAT}")
     check_agent_checkpoint(path, state, trainer.config, trainer.agent, ("env.num_envs", "replay_capacity"))
     check_shapes(path, "agent_extra", state["agent_extra"], trainer.agent.extra_state())
     problem = trainer.replay.state_problem(state["replay"])

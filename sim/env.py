@@ -38,7 +38,10 @@ class TaskEnv(VecEnv):
     def __init__(self, task_cls: type[Task], config: EnvConfig):
         if config.num_envs < 1:
             raise ConfigError(f"env.num_envs: expected >= 1, got {config.num_envs}")
-        config.randomization.validate("env.randomization")
+        try:
+            config.randomization.validate("env.randomization")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if not 0 <= config.shield_penalty < float("inf"):
             raise ConfigError(f"env.shield_penalty: expected a finite weight >= 0, got {config.shield_penalty}")
         if config.shield_penalty > 0 and config.shield_in_loop is False:
@@ -52,6 +55,10 @@ class TaskEnv(VecEnv):
         spec = robot_spec(task_cls.robot)
         model = load_model(spec, task_cls.scene)
         task_config = merge(task_cls.Config(), config.task_params, "env", prefix="task_params.")
+        if task_config.episode_length < 1:
+            raise ConfigError(
+                f"env.task_params.episode_length: expected >= 1 control step, got {task_config.episode_length}"
+            )
         self.task = task_cls(spec, model, task_config, self.device)
         self.spec = spec
         self.episode_length = task_config.episode_length

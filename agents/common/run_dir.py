@@ -86,7 +86,11 @@ class RunDir:
                 raise ConfigError(f"log.name: run directory {self.path} already holds a run; choose another name")
         else:
             self.path = Path(resume)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            where = "log.root" if resume is None else "--resume"
+            raise ConfigError(f"{where}: cannot create the run directory {self.path}: {err.strerror}") from None
         self.config = config
         write_atomic(self.path / "config.yaml", yaml.safe_dump(to_dict(config), sort_keys=False))
         session = {

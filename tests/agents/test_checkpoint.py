@@ -327,3 +327,45 @@ def test_plain_run_names_pass() -> None:
 def test_replay_storage_refuses_a_capacity_below_one_row() -> None:
     with pytest.raises(ValueError, match="replay capacity 3 is below num_envs 4"):
         ReplayStorage(3, 4, 1, 1, torch.device("cpu"))
+
+
+# --- checkpoints whose hash is valid but whose contents are not ----------------------------------------------
+def _edit_step(state: dict) -> None:
+    state["step"] = -5
+
+
+def _drop(key: str):
+    return lambda state: state.pop(key)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_edit_step, "step: expected a whole number >= 0, got -5"),
+        (lambda state: state.update(step=state["step"] + 1), "is not iteration"),
+        (_drop("replay"), "the checkpoint lacks ['replay']"),
+        (_drop("rng"), "the checkpoint lacks ['rng']"),
+        (lambda state: state.update(elapsed=float("nan")), "elapsed: expected a finite number >= 0"),
+    ],
+    ids=["negative-step", "step-off-the-grid", "no-replay", "no-rng", "nan-elapsed"],
+)
+def test_a_checkpoint_edited_into_nonsense_is_refused_and_left_alone(run: Path, edit, message: str) -> None:
+    """Written through `save_checkpoint`, so its hash is valid: only the contents can say no. The refused
+    checkpoint is not overwritten by a run that restarted from scratch."""
+    path = run / "checkpoint.pt"
+    state = load_checkpoint(path)
+    edit(state)
+    save_checkpoint(path, state)
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Trainer(tiny(run.parent, "run"), resume=run)
+    assert path.read_bytes() == before
+
+
+def test_a_garbled_config_yaml_refuses_resume_in_one_line(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from q2real.cli.main import main
+
+    (run / "config.yaml").write_text("env: [unclosed\n  task: {\n")
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'config.yaml'}: not valid YAML" in err and err.count("\n") <= 8, err

@@ -132,3 +132,36 @@ def test_transfer_exits_1_when_the_gate_fails(pendulum_run: Path, capsys: pytest
     assert main([*common, "actuator_gain"]) == 1
     assert "gate FAILED on actuator_gain" in capsys.readouterr().out
     assert main([*common, "nominal", "--threshold", "1.5"]) == 2  # a ratio threshold is in (0, 1]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("env.randomization.mass_scale=[2,1]", "env.randomization.mass_scale: expected 0 < low <= high"),
+        ("env.randomization.kp_scale=[nan,1]", "env.randomization.kp_scale: expected 0 < low <= high"),
+        ("env.randomization.obs_noise_std=-1", "env.randomization: obs_noise_std and obs_bias must be >= 0"),
+        ("env.randomization.action_latency=[-1,0]", "env.randomization.action_latency: expected 0 <= low"),
+        ("env.randomization.push_interval=[0,0]", "env.randomization.push_interval: expected 1 <= low"),
+        ("env.task_params.episode_length=0", "env.task_params.episode_length: expected >= 1 control step"),
+        ("env.task_params.episode_length=-5", "env.task_params.episode_length: expected >= 1 control step"),
+        ("replay_capacity=10000000000000", "replay_capacity: this job needs about"),
+        ("sac.batch_size=1000000000", "sac.batch_size: this job needs about"),
+        ("sac.critic_hidden=[1000000,1000000]", "sac.actor_hidden/critic_hidden: this job needs about"),
+        ("log.root=/proc", "log.root: cannot create the run directory /proc/"),
+    ],
+)
+def test_values_a_careless_user_types_get_one_line_naming_the_key(
+    override: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before anything is allocated or written, with the key and what was expected."""
+    assert main(["train", override, "env.num_envs=2", "total_steps=10", "warmup_steps=5", "eval_envs=1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_a_python_tag_in_a_preset_is_refused_not_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    preset = tmp_path / "evil.yaml"
+    marker = tmp_path / "ran"
+    preset.write_text(f'algo: !!python/object/apply:os.system ["touch {marker}"]\n')
+    assert main(["train", "--preset", str(preset)]) == 2
+    assert f"{preset}: not valid YAML" in capsys.readouterr().err and not marker.exists()
