@@ -76,6 +76,12 @@ class Trainer:
             dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000)
         )
         env = self.env
+        if getattr(config.agent, "cost_limit", None) is not None and not env.has_cost:
+            raise ConfigError(
+                f"algo: {config.algo} learns under a cost limit, and env.task {config.env.task} defines no safety "
+                "cost with these settings (its cost is always 0); choose a task with one (`q2real envs` marks "
+                "them, `q2real envs --task NAME` says how to switch it on) or another algo"
+            )
         check_fits(config.algo, config.agent, config.replay_capacity, env.obs_dim, env.action_dim, env.device)
         self.agent = self.build_agent()
         if self.parallel_data is not None:

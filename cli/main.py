@@ -35,7 +35,7 @@ def _envs(args: argparse.Namespace) -> int:
         print("default task_params:")
         print(yaml.safe_dump(to_dict(info.config), sort_keys=False), end="")
         return 0
-    rows = [("task", "robot", "obs", "act", "control", "episode", "backends")]
+    rows = [("task", "robot", "obs", "act", "control", "episode", "cost", "backends")]
     for name in registry.task_names():
         info = registry.describe(name)
         env = registry.make_task(task=name, num_envs=1, backend="mujoco", device="cpu")
@@ -48,6 +48,7 @@ def _envs(args: argparse.Namespace) -> int:
                 str(env.action_dim),
                 f"{1 / spec.control_period:g} Hz",
                 f"{info.config.episode_length} steps",
+                "yes" if env.has_cost else "-",
                 "mujoco, mjx",
             )
         )
@@ -77,6 +78,14 @@ def _rollout(args: argparse.Namespace) -> int:
     path = rollout(config)
     print(f"run directory: {path}")
     return 0
+
+
+def _no_checkpoint(resume) -> str:
+    if not resume.exists():
+        return f"--resume {resume}: no such run directory"
+    if not resume.is_dir():
+        return f"--resume {resume}: not a directory (give the run directory that holds checkpoint.pt)"
+    return f"--resume {resume}: no checkpoint.pt in that directory"
 
 
 def _run_trainer(trainer, args: argparse.Namespace, report: bool = True) -> int | None:
@@ -115,7 +124,7 @@ def _train(args: argparse.Namespace) -> int:
         if preset:
             raise ConfigError("--resume takes the run's own config.yaml; pass changes as overrides, not --preset")
         if not (resume / "checkpoint.pt").is_file():
-            raise ConfigError(f"--resume {resume}: no checkpoint.pt in that directory")
+            raise ConfigError(_no_checkpoint(resume))
         preset = str(resume / "config.yaml")
     kind = job_kind(preset, args.overrides)
 
@@ -163,7 +172,7 @@ def _finetune(args: argparse.Namespace) -> int:
     if args.resume:
         resume = Path(args.resume)
         if not (resume / "checkpoint.pt").is_file():
-            raise ConfigError(f"--resume {resume}: no checkpoint.pt in that directory")
+            raise ConfigError(_no_checkpoint(resume))
         config = load_finetune_config(resume)
         if args.run_dir is not None and Path(args.run_dir).resolve() != Path(config.run).resolve():
             raise ConfigError(f"--resume {resume}: it fine-tunes {config.run}, not {args.run_dir}")
@@ -244,6 +253,8 @@ def _demos_record(args: argparse.Namespace) -> int:
     if args.print_config:
         print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
         return 0
+    if not config.out:  # checked here, so --print-config shows the settings without one
+        raise ConfigError("out: expected the folder to write the dataset to (out=DIR)")
     env = make(config.env)
     try:
         if config.policy == "expert":
@@ -446,18 +457,21 @@ def _transfer(args: argparse.Namespace) -> int:
         ros=args.ros,
         **defaults,
     )
+    lowest = report["transfer_ratio_in_range_lower"]
     print(
-        f"return as trained {report['reference_return']:.2f} (no shield {report['unshielded_return']:.2f}); "
-        f"lowest in-range interval bound {report['transfer_ratio_in_range_lower']}; "
+        f"trained on {report['trained_backend']}, gated on {report['gate_backend']}; return as trained "
+        f"{report['reference_return']:.2f} (no shield {report['unshielded_return']:.2f}); lowest in-range "
+        f"interval bound {'none' if lowest is None else f'{lowest:.3f}'} (threshold {report['threshold']:g}); "
         f"table {args.run_dir}/transfer.json, plot {args.run_dir}/transfer.png"
     )
     return 0 if report["passed"] else 1
 
 
-def _job_arguments(parser: argparse.ArgumentParser) -> None:
+def _job_arguments(parser: argparse.ArgumentParser, example: str = "env.num_envs=256 env.task=...") -> None:
+    """`example`: overrides this command takes (`--print-config` lists every key)."""
     parser.add_argument("--preset", help="preset name (`q2real presets`) or YAML file, applied before overrides")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. env.num_envs=256 env.task=...")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"e.g. {example}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -479,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_train)
     finetune = command("finetune", help="continue a trained run's learner on one (shifted) robot: the handoff")
     finetune.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="the trained run (config.yaml, checkpoint.pt)")
-    _job_arguments(finetune)
+    _job_arguments(finetune, "total_steps=20000 'shift.actuator_gain_scale=[0.5,0.5]'")
     finetune.add_argument("--resume", metavar="FINETUNE_DIR", help="continue a fine-tuning run from its checkpoint")
     finetune.set_defaults(func=_finetune)
     evaluation = command("eval", help="roll out a trained run's deterministic policy and report returns")
@@ -504,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--finetune", metavar="RUN_DIR", help="fine-tune the policy on the robot, continuing this run")
     dep.add_argument("--learner", metavar="HOST:PORT", help="fine-tune it on a remote learner (`q2real learn --serve`)")
     add_perturbation_arguments(dep, "sim robot: ")
-    _job_arguments(dep)
+    _job_arguments(dep, "autostart=true shield.ramp_time=2.0 record=session.mcap")
     dep.set_defaults(func=_deploy)
     learn = command("learn", help="serve robots' fine-tuning: a learner on this machine for `deploy --learner`")
     learn.add_argument("run_dir", metavar="RUN_DIR", help="the trained run each robot session fine-tunes")
@@ -533,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     demos = command("demos", help="demonstrations: record (scripted expert or bundle), import robomimic, inspect")
     demos_sub = demos.add_subparsers(dest="demos_command", required=True)
     rec = demos_sub.add_parser("record", parents=[common], help="roll out an expert or a bundle into a dataset")
-    _job_arguments(rec)
+    _job_arguments(rec, "out=demos/reach episodes=100 env.task=panda_reach")
     imp = demos_sub.add_parser("import", parents=[common], help="convert a robomimic hdf5 file to a dataset")
     imp.add_argument("file", metavar="HDF5")
     imp.add_argument("out", metavar="DATASET_DIR")

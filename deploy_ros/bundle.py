@@ -35,7 +35,8 @@ class PolicyBundle:
         self.path = Path(path)
         source = str(self.path)
         if not self.path.is_file():
-            raise BundleError(f"{source}: no such bundle file")
+            hint = f" (a directory; its bundle would be {self.path / 'policy.onnx'})" if self.path.is_dir() else ""
+            raise BundleError(f"{source}: no such bundle file{hint}")
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
@@ -46,7 +47,10 @@ class PolicyBundle:
             self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         except Exception as err:
             raise BundleError(f"{source}: onnxruntime cannot load it: {err}") from err
-        raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+        try:
+            raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+        except UnicodeDecodeError as err:
+            raise BundleError(f"{source}: metadata: the ONNX metadata_props are not UTF-8 text ({err})") from None
         if raw is None:
             raise BundleError(f"{source}: metadata: no '{METADATA_KEY}' entry in the ONNX metadata_props")
         meta = parse_metadata(raw, source)

@@ -108,6 +108,8 @@ class FineTuning:
         self.node, self.settings, self.record = node, settings, record
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.directory = Path(directory or settings.directory or f"finetune-{stamp}")
+        self._named_here = not (directory or settings.directory)
+        """The directory is this session's own, named by its start time: a failed start removes it."""
         if (self.directory / RING).exists():
             raise ConfigError(f"finetune.directory: {self.directory} already holds a fine-tuning session")
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -154,8 +156,14 @@ class FineTuning:
             command += ["--learner", s.learner_address, "--parent-pid", str(os.getpid())]
             for flag, path in (("--tls-root", s.tls_root), ("--tls-cert", s.tls_cert), ("--tls-key", s.tls_key)):
                 command += [flag, path] if path else []
-        cpus = learner_cpus(s.learner_cpus, self.node.config.realtime.cpus)
-        self.learner = launch(command, self.directory, s.learner_startup, Placement(cpus, s.learner_nice))
+        try:
+            cpus = learner_cpus(s.learner_cpus, self.node.config.realtime.cpus)
+            self.learner = launch(command, self.directory, s.learner_startup, Placement(cpus, s.learner_nice))
+        except ConfigError:
+            if self._named_here:  # the error carries the learner's log; nothing else in it is worth keeping
+                self.ring.close()
+                shutil.rmtree(self.directory, ignore_errors=True)
+            raise
         print(f"finetune: the learner runs on CPUs {sorted(cpus)} at nice {s.learner_nice}", flush=True)
         self._thread = threading.Thread(target=self._watch, name="q2real-finetune", daemon=True)
         self._thread.start()

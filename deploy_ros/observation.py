@@ -136,6 +136,9 @@ class ObservationBuilder:
             if kind in JOINT_KINDS:
                 if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
                     raise BundleError(f"{where}: source.joints: expected a list of joint names")
+                repeated = sorted({n for n in names if names.count(n) > 1})
+                if repeated:
+                    raise BundleError(f"{where}: source.joints: {brief(repeated)} listed more than once")
                 expected = {"joint_position_cos_sin": 2 * len(names), "body_point": 3}.get(kind, len(names))
             elif kind == "last_action":
                 expected = self.action_dim

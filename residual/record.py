@@ -26,8 +26,6 @@ class RecordConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        if not self.out:
-            raise ValueError("out: expected the folder to write the dataset to")
         if self.episodes < 1:
             raise ValueError(f"episodes: expected >= 1, got {self.episodes}")
 

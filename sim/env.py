@@ -61,6 +61,7 @@ class TaskEnv(VecEnv):
             )
         self.task = task_cls(spec, model, task_config, self.device)
         self.spec = spec
+        self.has_cost = self.task.has_cost
         self.episode_length = task_config.episode_length
 
         dr = config.randomization

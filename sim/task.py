@@ -136,6 +136,11 @@ class Task(ABC):
         """Per-env safety cost (0 = safe); tasks with constraints override it."""
         return torch.zeros(physics.qpos.shape[0], device=self.device)
 
+    @property
+    def has_cost(self) -> bool:
+        """Whether `cost` can be nonzero with this task's settings (a constrained learner needs it)."""
+        return type(self).cost is not Task.cost
+
     def success(self, physics: PhysicsState) -> torch.Tensor | None:
         """Per env, whether the task is achieved in this state (training logs the episodes' success
         rate: an episode succeeded if it ever was); None for tasks without a success test."""

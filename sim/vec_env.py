@@ -59,6 +59,9 @@ class VecEnv(ABC):
     robot's units (N m, N or rad per joint for q2real tasks); policy bundles bake this in."""
     control_period: float | None
     """Seconds between actions, where the env knows it."""
+    has_cost: bool = False
+    """Whether `StepResult.cost` carries a safety signal (a task that defines one); otherwise it is
+    always zero and a constrained learner would train against nothing."""
 
     @abstractmethod
     def reset(self, seed: int | None = None) -> torch.Tensor:

@@ -22,6 +22,9 @@ class Progress:
         self._bar = tqdm(total=total, desc=description, unit=unit, unit_scale=True, file=self.stream) if tty else None
 
     def update(self, steps: int, **postfix: float) -> None:
+        """Count `steps` more, never past the total (a batch of envs may finish more episodes at once
+        than were left to record)."""
+        steps = max(0, min(steps, self.total - self.done))
         self.done += steps
         if postfix:
             self._postfix = "  ".join(f"{k}={v:.4g}" for k, v in postfix.items())

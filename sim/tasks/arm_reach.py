@@ -8,8 +8,8 @@ steps the end effector is within `success_radius` of the target, else 0. Success
 terminal states.
 Cost: with a keep-out box (`keepout_low`/`keepout_high`, base frame), 1 on every step the end effector
 is inside it, else 0 (no box: always 0). Targets are not kept out of it: a policy may reach into it and
-pay. `panda_reach_keepout` presets put a 20 x 20 x 10 cm box above the home pose, across the straight
-path to the targets above it.
+pay. `bench/safe.py` puts a 20 x 20 x 10 cm box above the home pose, across the straight path to the
+targets above it: `keepout_low=[0.35,-0.1,0.28]`, `keepout_high=[0.55,0.1,0.38]`.
 Reset: home pose plus joint noise.
 """
 
@@ -117,6 +117,10 @@ class ArmReach(Task):
 
     def success(self, physics: PhysicsState) -> torch.Tensor:
         return self.distance(physics) <= self.config.success_radius
+
+    @property
+    def has_cost(self) -> bool:
+        return self._keepout is not None
 
     def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         if self._keepout is None:

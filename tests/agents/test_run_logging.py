@@ -74,3 +74,13 @@ def test_progress_prints_plain_lines_when_not_a_terminal() -> None:
     lines = stream.getvalue().splitlines()
     assert lines[0].startswith("demo: 50/100 steps (50%)") and "steps/s" in lines[0] and "ETA" in lines[0]
     assert "episode_return=1.5" in lines[0] and lines[-1].startswith("demo: 100/100 steps (100%)")
+
+
+def test_progress_never_counts_past_its_total() -> None:
+    """Eight envs can finish more episodes in one step than were left to record."""
+    stream = io.StringIO()
+    progress = Progress(20, "recording", stream=stream, plain_interval_s=0.0, unit="episode")
+    progress.update(16)
+    progress.update(8)
+    last = stream.getvalue().splitlines()[-1]
+    assert progress.done == 20 and last.startswith("recording: 20/20 episodes (100%)") and "ETA 0 s" in last

@@ -72,7 +72,9 @@ def test_train_then_eval_from_the_command_line(tmp_path: Path, capsys: pytest.Ca
     evaluated = capsys.readouterr().out
     assert "mean return" in evaluated and "over 3 episodes" in evaluated
     assert main(["train", "--resume", str(tmp_path / "missing")]) == 2
-    assert "no checkpoint.pt" in capsys.readouterr().err
+    assert "missing: no such run directory" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    assert "no checkpoint.pt in that directory" in capsys.readouterr().err
     assert main(["eval", str(tmp_path)]) == 2
     assert "not a training run directory" in capsys.readouterr().err
 
@@ -165,3 +167,8 @@ def test_a_python_tag_in_a_preset_is_refused_not_run(tmp_path: Path, capsys: pyt
     preset.write_text(f'algo: !!python/object/apply:os.system ["touch {marker}"]\n')
     assert main(["train", "--preset", str(preset)]) == 2
     assert f"{preset}: not valid YAML" in capsys.readouterr().err and not marker.exists()
+
+
+def test_a_constrained_learner_on_a_task_without_a_cost_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "algo=sac_lag", "env.task=panda_push", "env.num_envs=2", "total_steps=10"]) == 2
+    assert "panda_push defines no safety cost" in capsys.readouterr().err

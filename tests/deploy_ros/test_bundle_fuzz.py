@@ -248,3 +248,22 @@ def test_deploy_over_dds_refuses_a_bad_but_parseable_bundle_before_anything_star
     assert main(["deploy", str(bad), "--sim", "--duration", "3"]) == 2
     err = capsys.readouterr().err
     assert "metadata.robot.effort_limits[3] (joint 'joint4')" in err and "expected a finite number > 0" in err
+
+
+def test_an_observation_term_listing_a_joint_twice_is_refused(panda_bundle, panda_meta, tmp_path) -> None:
+    meta = copy.deepcopy(panda_meta)
+    term = next(t for t in meta["observation"]["terms"] if t["source"]["kind"] == "joint_velocity")
+    joints = term["source"]["joints"]
+    joints[1] = joints[0]  # same width, one joint read twice and another never
+    with pytest.raises(BundleError, match=rf"source\.joints: \['{joints[0]}'\] listed more than once"):
+        PolicyNode(_rewrite(panda_bundle, tmp_path / "twice.onnx", meta))
+
+
+def test_metadata_that_is_not_utf8_is_a_bundle_error(panda_bundle, tmp_path) -> None:
+    """A flipped byte in the metadata text: the ONNX loads, its metadata cannot be decoded."""
+    data = panda_bundle.read_bytes()
+    assert data.count(b'"schema_version"') == 1
+    bad = tmp_path / "flipped.onnx"
+    bad.write_bytes(data.replace(b'"schema_version"', b'"schema\xa0version"'))
+    with pytest.raises(BundleError, match="metadata_props are not UTF-8 text"):
+        PolicyBundle(bad)

@@ -357,3 +357,13 @@ def test_a_learner_that_cannot_start_stops_the_deploy_with_its_reason(tmp_path: 
     )  # fmt: skip
     with pytest.raises(ConfigError, match="actor_strat"):
         deploy(FIXTURE_RUN / "policy.onnx", config, sim=True, duration=5.0, status_every=None)
+    assert (tmp_path / "ft" / "learner.log").exists()  # a directory the operator named is kept, with the log
+
+
+@pytest.mark.slow  # starts (and fails to start) the learner process
+def test_a_failed_start_leaves_no_session_directory_of_its_own(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load(NodeConfig, None, ["autostart=true", f"finetune.run={FIXTURE_RUN}", "finetune.learner=[nope=1]"])
+    with pytest.raises(ConfigError, match="nope"):
+        deploy(FIXTURE_RUN / "policy.onnx", config, sim=True, duration=5.0, status_every=None)
+    assert not list(tmp_path.glob("finetune-*")), "a failed start left its session directory behind"
