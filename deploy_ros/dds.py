@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from cyclonedds.core import DDSException, Listener, Policy, Qos
 from cyclonedds.domain import Domain, DomainParticipant
@@ -182,18 +183,34 @@ class DdsNode:
         self.diagnostics_writer = self.dds.writer(topics.diagnostics, msg.DiagnosticArray)
         self._first_names: list[str] | None = None
         self._robot_seen = threading.Event()
-        self.readers = [
-            self.dds.reader(topics.joint_states, msg.JointState, self._on_joint_state, SENSOR_QOS),
-            self.dds.reader(topics.estop, msg.Bool, lambda m: node.on_estop(m.data)),
-            self.dds.reader(topics.reset, msg.Empty, lambda m: node.on_reset()),
-            self.dds.reader(topics.task_command, msg.Float64MultiArray, lambda m: node.on_task_command(m.data)),
+        subscribed = [
+            (topics.joint_states, msg.JointState, self._on_joint_state, SENSOR_QOS),
+            (topics.estop, msg.Bool, lambda m: node.on_estop(m.data), DEFAULT_QOS),
+            (topics.reset, msg.Empty, lambda m: node.on_reset(), DEFAULT_QOS),
+            (topics.task_command, msg.Float64MultiArray, lambda m: node.on_task_command(m.data), DEFAULT_QOS),
         ]
         for stream, topic, kind, handler in STREAMS:  # only the streams the bundle reads
             if stream in node.inputs.streams:
-                reader = self.dds.reader(getattr(topics, topic), getattr(msg, kind), getattr(node, handler), SENSOR_QOS)
-                self.readers.append(reader)
+                subscribed.append((getattr(topics, topic), getattr(msg, kind), getattr(node, handler), SENSOR_QOS))
+        self.input_topics = {resolve_topic(name, NODE_NAME): kind for name, kind, _, _ in subscribed}
+        """Every topic the node reads, with its type: what a recorder stores beside the node's outputs."""
+        self.readers = [
+            self.dds.reader(name, kind, self._recorded(resolve_topic(name, NODE_NAME), handler), qos)
+            for name, kind, handler, qos in subscribed
+        ]
         self._closed = False
         self.diagnostics = DiagnosticsThread(node, self._write_diagnostics).start()
+
+    def _recorded(self, topic: str, handler: Callable[[Any], Any]) -> Callable[[Any], None]:
+        """`handler`, with the message first queued to the recorder as received (when recording)."""
+
+        def on_message(message) -> None:
+            recorder = self.recorder
+            if recorder is not None:
+                recorder.write_input(topic, message)
+            handler(message)
+
+        return on_message
 
     def _on_joint_state(self, m: msg.JointState) -> None:
         if self._first_names is None:

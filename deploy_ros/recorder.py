@@ -1,5 +1,8 @@
 """Every tick to a rosbag2 MCAP bag: observation, raw action, shielded command, shield flags and mode;
-with fine-tuning, every policy version event (swapped in, refused, rolled back) as JSON on its own topic.
+every message the node received (joint states, IMU, velocity command, object pose, task command,
+e-stop and reset) on its own topic, as it arrived; with fine-tuning, every policy version event
+(swapped in, refused, rolled back) as JSON on its own topic. A bag therefore replays what the robot
+sent as well as what the node answered.
 
 The bag opens with `ros2 bag info` / `ros2 bag play` and any MCAP viewer, and the bundle's metadata
 is its first message, so a bag can be replayed through the same observation builder and shield off
@@ -35,7 +38,15 @@ def _floats(kind: type, values) -> object:
 class Recorder:
     """Writes `<path>/` as a rosbag2 (version 9) directory with one MCAP file."""
 
-    def __init__(self, path: str | Path, command_topic: str, command_type: type, bundle_metadata: dict):
+    def __init__(
+        self,
+        path: str | Path,
+        command_topic: str,
+        command_type: type,
+        bundle_metadata: dict,
+        inputs: dict[str, type] | None = None,
+    ):
+        """`inputs`: the topics the node reads (ROS names) and their message types."""
         path = Path(path)
         if path.exists():
             raise ConfigError(f"record: {path}: a bag is already there; rosbag2 never overwrites one")
@@ -52,6 +63,7 @@ class Recorder:
             "mode": (f"{prefix}/shield_mode", msg.UInt32),
             "version": (f"{prefix}/policy_version", msg.String),
         }
+        topics |= {name: (name, kind) for name, kind in (inputs or {}).items()}
         self.connections = {
             key: self.writer.add_connection(name, msg.ROS_TYPES[kind], typestore=self.typestore)
             for key, (name, kind) in topics.items()
@@ -65,6 +77,10 @@ class Recorder:
         """Queue one tick (called on the tick path: nothing else happens here)."""
         self._queue.put((time.time_ns(), tick, command_message))
 
+    def write_input(self, topic: str, message) -> None:
+        """Queue a message the node received on `topic` (one of `inputs`), in the delivering thread."""
+        self._queue.put((time.time_ns(), topic, message))
+
     def write_event(self, event: dict) -> None:
         """Queue a policy version event (from the fine-tuning watcher, off the tick)."""
         self._queue.put((time.time_ns(), None, json.dumps(event)))
@@ -73,9 +89,12 @@ class Recorder:
         """`message`: a message object, or its CDR bytes as written to DDS (`ForwardCommand.last`)."""
         self.writer.write(self.connections[key], stamp, message if isinstance(message, bytes) else message.serialize())
 
-    def _record(self, stamp: int, tick: Tick | None, command_message) -> None:
+    def _record(self, stamp: int, tick: Tick | str | None, command_message) -> None:
         if tick is None:
             self._write("version", stamp, msg.String(data=command_message))
+            return
+        if isinstance(tick, str):  # an input: its topic and the message as received
+            self._write(tick, stamp, command_message)
             return
         if tick.observation is not None:
             self._write("observation", stamp, _floats(msg.Float32MultiArray, tick.observation))

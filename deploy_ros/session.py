@@ -215,7 +215,8 @@ def _serve(
             from q2real.deploy_ros.recorder import Recorder
 
             metadata = node.bundle.info.metadata
-            recorder = Recorder(config.record, transport.command_topic, transport.command_type, metadata)
+            topic, kind = transport.command_topic, transport.command_type
+            recorder = Recorder(config.record, topic, kind, metadata, inputs=transport.input_topics)
             transport.recorder = recorder
             if tuning is not None:
                 tuning.record = recorder.write_event

@@ -121,6 +121,7 @@ def test_trained_policy_swings_up_the_sim_robot_through_ros2_messages(trained_bu
     assert counts["/forward_command_controller/commands"] == counts["/q2real_policy/shield_flags"] == len(modes)
     assert counts["/q2real_policy/observation"] == counts["/q2real_policy/action_raw"] == modes.count(Mode.RUN)
     assert len(modes) > 400 and counts["/q2real_policy/bundle"] == 1
+    assert counts["/joint_states"] >= len(modes) - 5, "the bag must hold what the robot sent, as it arrived"
     assert modes[-1] == Mode.ESTOP, "stopping the node must leave the robot in the latched stop"
 
 
