@@ -394,6 +394,19 @@ def _shield_report(summary) -> str:
     return line
 
 
+def _monitor(args: argparse.Namespace) -> int:
+    from q2real.deploy_ros.monitor import monitor
+
+    print(
+        f"q2real monitor: following {args.topic} (ROS_DOMAIN_ID {os.environ.get('ROS_DOMAIN_ID', '0')}); Ctrl-C stops"
+    )
+    shown = monitor(args.topic, args.duration, args.count, args.loopback)
+    if not shown:
+        print("no q2real node reported: is one running on this domain and network?", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _learn(args: argparse.Namespace) -> int:
     """The workstation's end of the robot-to-learner link: serves robots (`q2real deploy B --learner`)
     one at a time, each session fine-tuning RUN_DIR on that robot's stream until Ctrl-C."""
@@ -520,6 +533,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_perturbation_arguments(dep, "sim robot: ")
     _job_arguments(dep, "autostart=true shield.ramp_time=2.0 record=session.mcap")
     dep.set_defaults(func=_deploy)
+    mon = command("monitor", help="follow a running node's /diagnostics over DDS (no ROS install needed)")
+    mon.add_argument("--topic", default="/diagnostics", help="the diagnostics topic (default /diagnostics)")
+    mon.add_argument("--duration", type=float, help="seconds to follow (default: until Ctrl-C)")
+    mon.add_argument("--count", type=int, help="stop after this many reports")
+    mon.add_argument("--loopback", action="store_true", help="DDS on 127.0.0.1 only, as `deploy --sim` uses")
+    mon.set_defaults(func=_monitor)
     learn = command("learn", help="serve robots' fine-tuning: a learner on this machine for `deploy --learner`")
     learn.add_argument("run_dir", metavar="RUN_DIR", help="the trained run each robot session fine-tunes")
     learn.add_argument("--serve", required=True, metavar="HOST:PORT", help="listen here (e.g. 0.0.0.0:50051)")

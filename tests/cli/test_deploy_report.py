@@ -34,3 +34,18 @@ def test_vetoes_are_reported_beside_the_clamps_with_the_critics_range() -> None:
 def test_without_a_cost_critic_no_veto_is_mentioned() -> None:
     report = _shield_report(_summary(shield_counters={"POSITION_CLAMP": 3}, run_interventions=3, run_change=1.5))
     assert "POSITION_CLAMP" in report and "on 3 of those ticks" in report and "veto" not in report
+
+
+def test_a_diagnostics_report_reads_as_one_console_line_with_what_holds_the_node_back() -> None:
+    from q2real.deploy_ros import messages as msg
+    from q2real.deploy_ros.monitor import status_line
+
+    values = {"ticks": "1200", "latency_p50_ms": "0.500", "latency_p99_ms": "1.000", "loop_deadline_misses": "0"}
+    values |= {"refused_messages": "2", "flags": "-", "waiting_for_inputs": "imu.stale"}
+    status = msg.DiagnosticStatus(
+        level=1, name="q2real_policy: shield", message="RAMP", hardware_id="spot",
+        values=[msg.KeyValue(key=k, value=v) for k, v in values.items()],
+    )  # fmt: skip
+    line = status_line(status, 0.0)
+    assert "spot  WARN  mode RAMP" in line and "ticks    1200" in line and "refused 2" in line
+    assert line.endswith("\n    waiting_for_inputs: imu.stale")

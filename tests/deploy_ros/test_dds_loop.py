@@ -237,3 +237,14 @@ def test_the_node_stays_passive_until_a_controller_subscribes_to_its_commands(pe
         thread.join(5)
         transport.close()
     assert node.shield.mode == Mode.RUN and "waiting_for_controller" not in node.diagnostics()["values"]
+
+
+def test_q2real_monitor_follows_a_running_nodes_diagnostics_over_dds(pendulum_bundle) -> None:
+    from q2real.deploy_ros.monitor import monitor
+
+    lines: list[str] = []
+    with running(pendulum_bundle, _config()) as (node, _, _, errors):
+        _wait_for(lambda: node.shield.mode == Mode.RUN or errors, 30, "RUN")
+        assert not errors, errors
+        shown = monitor(duration=10.0, count=3, out=lines.append)
+    assert shown == 3 and all("pendulum" in line and "mode RUN" in line and "ticks" in line for line in lines), lines
