@@ -341,7 +341,7 @@ def _deploy(args: argparse.Namespace) -> int:
     config = load(NodeConfig, args.preset, overrides)
     sim_extra = perturbation_argv(args)
     if sim_extra and not args.sim:
-        raise ConfigError("--shift and --reset-every perturb the sim robot: they need --sim")
+        raise ConfigError("--shift, --reset-every and --command are the sim robot's: they need --sim")
     if args.sim and "autostart" not in parse_overrides(args.overrides):
         config = dataclasses.replace(config, autostart=True)  # nobody at a keyboard needs to start a simulated robot
     if args.print_config:

@@ -44,7 +44,7 @@ from q2real.deploy_ros.joint_states import JointSample, JointStates
 from q2real.deploy_ros.observation import ObservationBuilder
 from q2real.deploy_ros.requests import Applied, OperatorRequests
 from q2real.deploy_ros.schedule import Publish, TickLoop
-from q2real.deploy_ros.settings import NodeConfig, local_robot
+from q2real.deploy_ros.settings import NODE_NAME, NodeConfig, local_robot, resolve_topic
 from q2real.deploy_ros.timing import COLUMN, TickTimes
 from q2real.hardware.model import load_model
 from q2real.hardware.spec import RobotSpec, SpecError, differences, tighter
@@ -164,6 +164,13 @@ class PolicyNode:
         self._autostart = config.autostart
         """Armed until the first e-stop: after one, only an explicit start runs the policy again."""
         self._task_command = np.zeros(self.observation.command_dim)
+        self._command_heard = self.observation.command_dim == 0
+        """A policy that reads a task command (a reach target) never runs on a made-up one: the handover
+        waits for the first message on the command topic."""
+        self._no_command = (
+            f"no command on {resolve_topic(config.topics.task_command, NODE_NAME)} yet: the policy reads "
+            f"{self.observation.command_dim} values there (std_msgs/Float64MultiArray)"
+        )
         self._last_action = np.zeros(self.bundle.info.action_dim, dtype=np.float32)
         chunk, width = self.bundle.info.chunk, self.bundle.info.action_dim
         self._chunks = ChunkQueue(chunk, 1, width, np) if chunk.size > 1 else None
@@ -294,6 +301,7 @@ class PolicyNode:
             self._refuse(reason)
             return reason
         self._task_command = values
+        self._command_heard = True
         return None
 
     # --- the tick: read -> update -> write -------------------------------------------------------
@@ -305,7 +313,10 @@ class PolicyNode:
         """The newest joint state and the state of the other inputs; starts the tick's timing row."""
         sample, fresh = self.states.take()
         self.times.begin(sample.received if fresh and sample is not None else math.nan, time.monotonic())
-        return Reading(now, sample, fresh, self.inputs.fault(now))
+        fault = self.inputs.fault(now)
+        if fault is None and not self._command_heard:
+            fault = (self._no_command, None)
+        return Reading(now, sample, fresh, fault)
 
     def update(self, reading: Reading) -> Tick:
         """Requests, handover, observation -> policy -> shield -> the command in the robot's interface."""

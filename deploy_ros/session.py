@@ -144,8 +144,13 @@ def deploy(
         if tuning is not None:
             tuning.start()  # before the real-time settings, which the learner must not inherit
         if sim:
-            # The robot alone, unless the policy observes an object of its task's world.
-            task = node.bundle.info.metadata.get("task") if "object_pose" in node.inputs.streams else None
+            # The robot alone, unless the policy observes an object of its task's world or reads a command,
+            # which the sim robot then publishes: the task's own, one per episode, unless a fixed one is given.
+            reads_command = node.observation.command_dim > 0 or "velocity_command" in node.inputs.streams
+            world = "object_pose" in node.inputs.streams or reads_command
+            task = node.bundle.info.metadata.get("task") if world else None
+            if reads_command and "--command" not in (sim_extra or []):
+                sim_extra = [*(sim_extra or []), "--task-commands"]
             rate = sim_rate or 1.0 / node.period
             robot = start_sim_robot(node.spec.name, config, rate=rate, task=task, initial=sim_initial, extra=sim_extra)
         applied = realtime.apply(config.realtime)
@@ -262,5 +267,5 @@ def _status_line(node: PolicyNode) -> str:
         f"{time.strftime('%H:%M:%S')}  mode {report['mode']:<7} ticks {report['ticks']:>6}  "
         f"latency p50 {report['latency_p50_ms']} ms p99 {report['latency_p99_ms']} ms  "
         f"loop misses {report['loop_deadline_misses']}  refused {report['refused_messages']}"
-        + (f"\n  {report['waiting_for_controller']}" if "waiting_for_controller" in report else "")
+        + "".join(f"\n  {report[key]}" for key in ("waiting_for_controller", "waiting_for_inputs") if key in report)
     )

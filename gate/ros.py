@@ -2,8 +2,9 @@
 
 `q2real deploy --sim` runs as it would for a user (node in this process, robot in its own, loopback
 DDS). A third participant records the joint states and commands on the wire, the sim robot's
-ground truth of a floating base and the tracked object's pose, and, for tasks with a command,
-publishes one: a Twist on `cmd_vel` for velocity commands, otherwise on the node's command input.
+ground truth of a floating base and the tracked object's pose. For a task with a command, the sim
+robot publishes the episode's (`--command`): a Twist on `cmd_vel` for velocity commands, otherwise
+on the node's command input.
 The return is the task's own reward evaluated on the recorded states (sensors recomputed from them by
 forward kinematics) over one episode from the moment the node reports RUN, ending early where the
 task terminates (a fall), as the simulated rows do. Each episode is its own deployment: the sim robot
@@ -18,7 +19,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import threading
 import time
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from q2real.agents.config import TrainConfig
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.session import deploy
-from q2real.deploy_ros.settings import NODE_NAME, NodeConfig
+from q2real.deploy_ros.settings import NodeConfig
 from q2real.gate.sim_robot import GROUND_TRUTH_TOPIC
 from q2real.gate.transfer import GateError
 from q2real.hardware.action import action_from_command
@@ -111,45 +111,20 @@ def ros_returns(
 
 
 def _deployed(bundle, node_config: NodeConfig, task, initial: dict[str, float], duration: float):
-    """One deployment from `initial` with the task's command on the wire: (what the wire saw, the node's summary)."""
+    """One deployment from `initial` with the episode's command on the wire (the sim robot publishes
+    it, as an operator's panel would): (what the wire saw, the node's summary)."""
     endpoints = Endpoints(node="q2real_transfer")
     wire = _Wire(endpoints, node_config)
-    stop = threading.Event()
-    publisher = None
-    if task.command_dim:
-        writer, value = _command_message(endpoints, task, node_config)
-
-        def publish() -> None:
-            while not stop.wait(0.1):
-                writer.write(value)
-
-        publisher = threading.Thread(target=publish, daemon=True)
-        publisher.start()
+    command = ["--command", *(repr(float(v)) for v in task.command[0].tolist())] if task.command_dim else None
     try:
-        summary = deploy(bundle, node_config, sim=True, duration=duration, status_every=None, sim_initial=initial)
+        summary = deploy(
+            bundle, node_config, sim=True, duration=duration, status_every=None, sim_initial=initial, sim_extra=command
+        )
     finally:
-        stop.set()
-        if publisher is not None:
-            publisher.join()
         endpoints.close()
     if wire.run_since is None:
         raise GateError("ROS 2 row: the node never reported RUN on /diagnostics; no return to measure")
     return wire, summary
-
-
-def _command_message(endpoints: Endpoints, task, config: NodeConfig):
-    """(writer, message) of the task's command: a Twist on `cmd_vel` for a velocity command (a joystick
-    or a planner on a robot), the plain vector on the node's command input otherwise."""
-    kinds = {source["kind"] for source in (task.observation_sources() or {}).values()}
-    values = task.command[0].tolist()
-    if "velocity_command" in kinds:
-        vx, vy, wz = values
-        return endpoints.writer(config.topics.cmd_vel, msg.Twist), msg.Twist(
-            msg.Vector3(vx, vy, 0.0), msg.Vector3(0.0, 0.0, wz)
-        )
-    layout = msg.MultiArrayLayout(dim=[], data_offset=0)
-    writer = endpoints.writer(f"/{NODE_NAME}/command", msg.Float64MultiArray)
-    return writer, msg.Float64MultiArray(layout=layout, data=values)
 
 
 def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> float:

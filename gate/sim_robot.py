@@ -41,7 +41,7 @@ from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_values, stamp_now
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.programs import SIM_ROBOT
-from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.settings import NODE_NAME, NodeConfig, resolve_topic
 from q2real.gate.sim_settings import PERTURBATIONS, SimRobotConfig, add_perturbation_arguments
 from q2real.hardware.model import actuator_for_joint, load_model
 from q2real.hardware.spec import RobotSpec, robot_spec
@@ -64,6 +64,7 @@ class SimWorld:
             if task is None or task.robot != spec.name:
                 raise ValueError(f"task: '{config.task}' is not a registered task of robot '{spec.name}'")
             scene, self.tracked = task.scene, task.tracked_object
+        self.task_cls = task if config.task is not None else None
         self.model = load_model(spec, lambda s: _world(s, spec, scene))
         self.data = mujoco.MjData(self.model)
         model, data = self.model, self.data
@@ -204,6 +205,49 @@ def _every(rate: float, timestep: float) -> int:
     return max(1, round(1.0 / (rate * timestep)))
 
 
+class Commands:
+    """The task commands the sim robot publishes, as an operator's panel or a planner would: a fixed
+    one, or the task's own, drawn from its command ranges once per episode of the task. A legged
+    task's command is a velocity (`geometry_msgs/Twist` on /cmd_vel), any other the node's task
+    command (`std_msgs/Float64MultiArray` on ~/command)."""
+
+    def __init__(self, world: SimWorld, config: SimRobotConfig):
+        self.fixed = list(config.command)
+        self.task = None
+        self.velocity = False
+        self.episode = math.inf
+        if world.task_cls is not None and (config.task_commands or self.fixed):
+            import torch  # only a robot that plays a task's commands needs the simulator's task
+
+            task = world.task_cls(world.spec, world.model, world.task_cls.Config(), torch.device("cpu"))
+            sources = task.observation_sources() or {}
+            self.velocity = any(source.get("kind") == "velocity_command" for source in sources.values())
+            if config.task_commands:
+                self.task, self._gen = task, torch.Generator().manual_seed(config.seed)
+                self.episode = task.config.episode_length * world.spec.control_period
+            if self.fixed and len(self.fixed) != task.command_dim:
+                raise ValueError(f"command: {config.task} takes {task.command_dim} values, got {len(self.fixed)}")
+        elif config.task_commands:
+            raise ValueError("task_commands: needs the task whose commands to draw (--task)")
+        self.current = self.fixed
+        self._drawn_at = -math.inf
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.fixed) or self.task is not None
+
+    def message(self, sim_time: float) -> IdlStruct:
+        """The command now: the fixed one, or the episode's (a new one when an episode has passed)."""
+        if self.task is not None and sim_time - self._drawn_at >= self.episode:
+            self._drawn_at = sim_time
+            self.current = [float(v) for v in self.task.sample_command(1, self._gen)[0]]
+            print(f"sim robot: task command {[round(v, 3) for v in self.current]} at {sim_time:.1f} s", flush=True)
+        if self.velocity:
+            forward, lateral, yaw = self.current
+            return msg.Twist(linear=msg.Vector3(x=forward, y=lateral, z=0.0), angular=msg.Vector3(x=0.0, y=0.0, z=yaw))
+        return msg.Float64MultiArray(data=list(self.current))
+
+
 class SimRobot:
     def __init__(self, spec: RobotSpec, config: SimRobotConfig | None = None, domain: int | None = None):
         self.spec = spec
@@ -239,6 +283,14 @@ class SimRobot:
         if world.object_body >= 0:
             writer = self.dds.writer(topics.object_pose, msg.PoseStamped, SENSOR_QOS)
             self.streams.append((_every(config.object_rate, dt), writer, world.object_message))
+        self.commands = Commands(world, config)
+        if self.commands.enabled:
+            # At 10 Hz: fresh for the node's velocity command timeout, and heard by a node that starts late.
+            name, kind = (
+                (topics.cmd_vel, msg.Twist) if self.commands.velocity else (topics.task_command, msg.Float64MultiArray)
+            )
+            writer = self.dds.writer(resolve_topic(name, NODE_NAME), kind)
+            self.streams.append((_every(10.0, dt), writer, lambda _stamp: self.commands.message(self.data.time)))
         self.reader = self.dds.reader(topic, command_type, self._on_command)
         self.received = 0
         self.shifted = False
@@ -357,6 +409,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=None, help="seconds, default: until SIGINT/SIGTERM")
     parser.add_argument("--loopback", action="store_true", help="keep DDS on 127.0.0.1 (no network)")
     add_perturbation_arguments(parser)
+    parser.add_argument(
+        "--task-commands", action="store_true", help="publish the task's commands, a new one every episode (--task)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process dies (default: run standalone)"
@@ -388,6 +443,8 @@ def main(argv: list[str] | None = None) -> None:
         shift_at=args.shift_at,
         reset_every=args.reset_every,
         reset_spread=args.reset_spread,
+        command=tuple(args.sim_command),
+        task_commands=args.task_commands,
     )
     try:
         robot = SimRobot(robot_spec(args.robot), config)

@@ -47,6 +47,12 @@ class SimRobotConfig:
     """Seconds between two resets of the joints to the default pose plus U(-reset_spread, reset_spread)
     at rest, counted from the first command (someone knocking the robot about); 0: never."""
     reset_spread: float = 0.0
+    command: tuple[float, ...] = ()
+    """A fixed task command to publish (a reach target, or forward, lateral and yaw speeds for a legged
+    task); empty: none, unless `task_commands`."""
+    task_commands: bool = False
+    """Publish the task's own commands (needs `task`): one drawn from the task's command ranges at the
+    start and again every episode of the task, as training drew them."""
 
 
 PERTURBATIONS = ("shift", "shift_at", "reset_every", "reset_spread")
@@ -72,6 +78,15 @@ def add_perturbation_arguments(parser: argparse.ArgumentParser, prefix: str = ""
         "--reset-every", type=float, default=defaults.reset_every, help=f"{prefix}seconds between random joint resets"
     )
     parser.add_argument(
+        "--command",
+        dest="sim_command",  # `command` is the CLI's subcommand
+        type=float,
+        nargs="+",
+        default=list(defaults.command),
+        metavar="V",
+        help=f"{prefix}a fixed task command to publish (a reach target x y z; forward, lateral, yaw speeds)",
+    )
+    parser.add_argument(
         "--reset-spread",
         type=float,
         default=defaults.reset_spread,
@@ -80,8 +95,11 @@ def add_perturbation_arguments(parser: argparse.ArgumentParser, prefix: str = ""
 
 
 def perturbation_argv(args: argparse.Namespace) -> list[str]:
-    """The sim robot's command-line flags for the perturbations parsed into `args` (none if unset)."""
+    """The sim robot's command-line flags for the perturbations and the fixed command parsed into
+    `args` (none if unset)."""
     argv = ["--shift", *args.shift, "--shift-at", str(args.shift_at)] if args.shift else []
+    if args.sim_command:
+        argv += ["--command", *(repr(v) for v in args.sim_command)]
     if args.reset_every:
         argv += ["--reset-every", str(args.reset_every), "--reset-spread", str(args.reset_spread)]
     return argv

@@ -172,6 +172,7 @@ def test_re_anchoring_a_chunk_never_moves_the_target_faster_than_the_rate_limit(
         "panda_reach", tmp_path / "saw.onnx", chunk=ChunkConfig(size=4, execute=3), edit_agent=_alternating_chunk
     )
     node = PolicyNode(path, NodeConfig(autostart=True, shield=ShieldConfig(ramp_time=0.1)))
+    assert node.on_task_command([0.45, 0.0, 0.4]) is None  # the target the policy reads
     pose = [float(v) for v in node.spec.array("default_position")]
     step = node.spec.array("velocity_limit") * node.spec.control_period
     now, previous, raw, rated = 100.0, None, [], 0

@@ -140,6 +140,7 @@ def _pose(frame: str, x: float = 0.5) -> msg.PoseStamped:
 
 def test_the_object_pose_must_be_fresh_and_in_the_frame_the_policy_was_trained_in(push_bundle) -> None:
     node, now = _running(push_bundle, imu=False, object_max_age=0.1)
+    assert node.on_task_command([0.6, 0.1][: node.observation.command_dim]) is None  # the push goal
     assert node.shield.mode == Mode.RAMP, "the policy must not start before the object is seen"
     refused = node.on_object_pose(_pose("camera_link"), received=now)
     assert refused is not None and "'world'" in refused

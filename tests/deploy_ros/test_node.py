@@ -189,3 +189,23 @@ def test_a_new_run_does_not_observe_the_last_runs_action(tmp_path) -> None:
     assert node.shield.mode == Mode.PASSIVE
     node.start()  # the operator's: an e-stop ends autostart
     assert np.all(first_run_observation()[last] == 0.0)
+
+
+def test_a_policy_that_reads_a_command_never_runs_on_a_made_up_one(tmp_path) -> None:
+    """A reach bundle without a target yet ramps to the default pose and holds there, saying why on
+    /diagnostics; the first command hands over."""
+    bundle = export_fresh_agent("panda_reach", tmp_path / "panda.onnx")
+    node = PolicyNode(bundle, NodeConfig(autostart=True, require_subscriber=False, shield=ShieldConfig(ramp_time=0.1)))
+    pose = [float(v) for v in node.spec.array("default_position")]
+    now = 100.0
+    modes = []
+    for _ in range(30):
+        node.on_joint_state(list(node.joints), pose, [0.0] * len(pose), [], received=now)
+        modes.append(node.tick(now).command.mode)
+        now += DT
+    assert Mode.RAMP in modes and Mode.RUN not in modes
+    waiting = node.diagnostics()["values"]["waiting_for_inputs"]
+    assert "no command on /q2real_policy/command yet" in waiting and "3 values" in waiting
+    assert node.on_task_command([0.5, 0.0, 0.4]) is None
+    node.on_joint_state(list(node.joints), pose, [0.0] * len(pose), [], received=now)
+    assert node.tick(now).command.mode == Mode.RUN

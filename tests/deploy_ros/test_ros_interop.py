@@ -215,7 +215,10 @@ def test_imu_cmd_vel_and_an_object_pose_from_a_ros2_peer_reach_the_observation(
 
     pose = {"header": {"frame_id": "world"}, "pose": {"position": {"x": 0.55, "y": 0.1, "z": 0.025}}}
     tracker = {"topic": "/object_pose", "type": "PoseStamped", "rate": 30.0, "data": pose}
-    spec = {"seconds": 3.0, "publish": [joint_states(push_bundle), tracker]}
+    # The push goal the policy reads: a planner's command (the node never runs on a made-up one).
+    goal = [0.6, 0.1][: PolicyNode(push_bundle, _config()).observation.command_dim]
+    planner = {"topic": "/q2real_policy/command", "type": "Float64MultiArray", "rate": 10.0, "data": {"data": goal}}
+    spec = {"seconds": 3.0, "publish": [joint_states(push_bundle), tracker, planner]}
     with node_running(push_bundle, config) as node:
         samples = _sampled(node, lambda: run_peer(distro, spec))
     running = [values for mode, values in samples if mode == Mode.RUN]
