@@ -314,18 +314,9 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from q2real.gate.evaluation import export_for_run
 
-    from q2real.gate.evaluation import run_kind
-
-    kind = run_kind(Path(args.run_dir))
-    if kind == "bc":
-        from q2real.residual.bc import export_bc as export
-    elif kind == "residual":
-        from q2real.residual.export import export_residual as export
-    else:
-        from q2real.agents.export import export_run as export
-    path = export(args.run_dir, args.output)
+    path = export_for_run(args.run_dir, args.output)
     print(f"policy bundle: {path}")
     print(f"metadata: {path.with_suffix(path.suffix + '.json')}")
     return 0

@@ -34,11 +34,7 @@ def evaluate_run(
         if bundle is not None:
             return _evaluate_bundle(env_config, Path(bundle), episodes, seed)
         with tempfile.TemporaryDirectory() as tmp:
-            if kind == "bc":
-                from q2real.residual.bc import export_bc as export
-            else:
-                from q2real.residual.export import export_residual as export
-            return _evaluate_bundle(env_config, export(run_dir, Path(tmp) / "policy.onnx"), episodes, seed)
+            return _evaluate_bundle(env_config, export_for_run(run_dir, Path(tmp) / "policy.onnx"), episodes, seed)
     config = load_run_config(run_dir, *(() if bundle is not None else (CHECKPOINT,)))
     if bundle is not None:
         return _evaluate_bundle(config.env, Path(bundle), episodes, seed)
@@ -61,11 +57,28 @@ def run_kind(run_dir: Path) -> str:
     return "residual" if isinstance(data, dict) and "residual" in data else "rl"
 
 
-def run_env_config(run_dir: Path, kind: str) -> EnvConfig:
+def run_env_config(run_dir: Path, kind: str | None = None) -> EnvConfig:
+    """The env a run of any kind trained on (`kind` as `run_kind` says, read from the run if None)."""
     from q2real.residual.bc import BCConfig
     from q2real.residual.train import ResidualTrainConfig
 
+    kind = kind or run_kind(run_dir)
+    if kind == "rl":
+        return load_run_config(run_dir).env
     return load(BCConfig if kind == "bc" else ResidualTrainConfig, str(run_dir / "config.yaml")).env
+
+
+def export_for_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
+    """The run's policy as a bundle (`<run_dir>/policy.onnx` by default), whatever kind of run it is:
+    an off-policy learner's actor, a BC policy, or a residual with its base."""
+    kind = run_kind(Path(run_dir))
+    if kind == "bc":
+        from q2real.residual.bc import export_bc as export
+    elif kind == "residual":
+        from q2real.residual.export import export_residual as export
+    else:
+        from q2real.agents.export import export_run as export
+    return export(run_dir, output)
 
 
 def _evaluate_bundle(env_config: EnvConfig, bundle: Path, episodes: int, seed: int) -> torch.Tensor:

@@ -26,7 +26,6 @@ import mujoco
 import numpy as np
 import torch
 
-from q2real.agents.config import TrainConfig
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.session import deploy
@@ -34,6 +33,7 @@ from q2real.deploy_ros.settings import NodeConfig
 from q2real.gate.sim_robot import GROUND_TRUTH_TOPIC
 from q2real.gate.transfer import GateError
 from q2real.hardware.action import action_from_command
+from q2real.sim import EnvConfig
 from q2real.sim.physics import PhysicsState
 from q2real.sim.registry import make_task
 
@@ -84,13 +84,13 @@ class _Wire:
 
 
 def ros_returns(
-    bundle: str | Path, config: TrainConfig, starts: list[tuple[dict[str, float], torch.Tensor]], progress=print
+    bundle: str | Path, env_config: EnvConfig, starts: list[tuple[dict[str, float], torch.Tensor]], progress=print
 ) -> tuple[torch.Tensor, float, float]:
     """Returns of one episode per (initial joint positions, command) in `starts`, run through the ROS 2
     node on the sim robot; the fraction of the policy's ticks (the node's shield in RUN, over every
     deployment) on which a shield clamp changed its command, and the mean change per tick
     (`q2real.safety.shield.Counters`)."""
-    env = make_task(dataclasses.replace(config.env, num_envs=1, backend="mujoco", device="cpu"))
+    env = make_task(dataclasses.replace(env_config, num_envs=1, backend="mujoco", device="cpu"))
     task, model = env.task, env.task.model
     env.close()
     node_config = NodeConfig(autostart=True)

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from q2real.agents.config import load_run_config
 from q2real.configs.errors import Q2RealError
 from q2real.contracts.chunks import ChunkQueue
 from q2real.contracts.schema import robot_from_metadata
 from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.gate.evaluation import export_for_run, run_env_config
 from q2real.gate.perturbations import perturbations
 from q2real.hardware import robot_spec
 from q2real.hardware.action import action_from_command
@@ -237,24 +237,22 @@ def run_gate(
 ) -> dict:
     """Evaluate the run's bundle on every row; writes RUN_DIR/transfer.json and transfer.png."""
     run_dir = Path(run_dir)
-    config = load_run_config(run_dir)
-    if ":" in config.env.task:
-        raise GateError(f"{run_dir}: env.task '{config.env.task}': the gate needs a q2real task, not an adapter")
+    env_config = run_env_config(run_dir)  # any run kind: off-policy, BC, residual
+    if ":" in env_config.task:
+        raise GateError(f"{run_dir}: env.task '{env_config.task}': the gate needs a q2real task, not an adapter")
     if not 0 < threshold <= 1:
         raise GateError(f"threshold: expected a ratio in (0, 1], got {threshold}")
     if ros and not 1 <= ros_episodes <= episodes:
         raise GateError(f"ros_episodes: expected 1 to episodes ({episodes}), got {ros_episodes}")
     bundle_path = run_dir / "policy.onnx"
     if not bundle_path.is_file():
-        from q2real.agents.export import export_run
-
-        export_run(run_dir)
+        export_for_run(run_dir)
     bundle = PolicyBundle(bundle_path)
     logged = in_training_return(run_dir)
-    trained_backend = resolve_backend(config.env.backend)
+    trained_backend = resolve_backend(env_config.backend)
     backend = backend or other_backend(trained_backend)
     spec = robot_spec(bundle.info.metadata["robot"]["name"])
-    rows_wanted = perturbations(config.env.randomization, spec, load_model(spec))
+    rows_wanted = perturbations(env_config.randomization, spec, load_model(spec))
     if only:
         unknown = sorted(set(only) - {p.name for p in rows_wanted})
         if unknown:
@@ -264,7 +262,7 @@ def run_gate(
     def env_on(on: str, randomization: RandomizationConfig, num_envs: int = episodes) -> TaskEnv:
         return make_task(
             dataclasses.replace(
-                config.env,
+                env_config,
                 backend=on,
                 device="cpu",
                 num_envs=num_envs,
@@ -295,7 +293,7 @@ def run_gate(
 
     # The reference: the same bundle and shield on the very episodes of every row, as in training
     # (trained backend, trained randomization), so row ratios are paired, not two noisy means.
-    as_trained = episodes_on(trained_backend, config.env.randomization)
+    as_trained = episodes_on(trained_backend, env_config.randomization)
     reference_returns = as_trained.returns
     reference = float(reference_returns.mean())
     progress(
@@ -305,7 +303,7 @@ def run_gate(
         f"by {as_trained.change:.3f} per joint and tick in action units"
     )
     # What the shield costs: the same episodes with the bundle's actions straight to the simulator.
-    unshielded_returns = returns_on(trained_backend, config.env.randomization, shielded=False)
+    unshielded_returns = returns_on(trained_backend, env_config.randomization, shielded=False)
     shield_row = judged("shield", reference_returns, unshielded_returns, threshold, magnitude="with / without")
     progress(f"  {'as trained, no shield':<22} {'':<9} return {float(unshielded_returns.mean()):9.2f}")
     show(shield_row)
@@ -318,7 +316,7 @@ def run_gate(
     if ros:
         from q2real.gate.ros import ros_returns
 
-        env = env_on(trained_backend, config.env.randomization, ros_episodes)
+        env = env_on(trained_backend, env_config.randomization, ros_episodes)
         try:
             env.reset(seed=seed)
             q = env.physics.qpos[:, env.task.qpos_index].double().numpy()
@@ -327,7 +325,7 @@ def run_gate(
             ]
         finally:
             env.close()
-        returns, ros_rate, ros_change = ros_returns(bundle_path, config, starts, progress)
+        returns, ros_rate, ros_change = ros_returns(bundle_path, env_config, starts, progress)
         rows.append(judged("via ROS 2 node", returns, reference_returns[:ros_episodes], threshold, magnitude="nominal"))
         show(rows[-1])
     judged_rows = [r for r in rows if r.required]
@@ -335,7 +333,7 @@ def run_gate(
     together = [r for r in rows if r.name == "all together"] or [r for r in rows if r.name == "nominal"]
     report = {
         "run_dir": str(run_dir),
-        "task": config.env.task,
+        "task": env_config.task,
         "trained_backend": trained_backend,
         "gate_backend": backend,
         "episodes": episodes,

@@ -28,6 +28,7 @@ from q2real.agents.common.normalizer import ObsNormalizer
 from q2real.agents.common.progress import Progress
 from q2real.agents.common.run_dir import LogConfig, RunDir
 from q2real.agents.export import CommandGraph, bundle_metadata, write_graph
+from q2real.agents.jobs import job_kind
 from q2real.configs.errors import RunDirError
 from q2real.configs.loader import ConfigError, load, to_dict
 from q2real.contracts.chunks import ChunkSpec
@@ -257,6 +258,13 @@ def load_bc(run_dir: str | Path, device: torch.device | str = "cpu") -> tuple[BC
     for name in ("config.yaml", CHECKPOINT):
         if not (run_dir / name).is_file():
             raise RunDirError(f"{run_dir}: not a BC run directory (no {name})")
+    found = job_kind(str(run_dir / "config.yaml"), [])
+    if found != "bc":
+        names = {"rl": "an off-policy learner's", "stream": "a streaming learner's", "residual": "a residual"}
+        raise RunDirError(
+            f"{run_dir}: {names[found]} run, and a BC run is needed here (one trained with "
+            "`q2real train algo=bc dataset=DEMOS`)"
+        )
     config = load(BCConfig, str(run_dir / "config.yaml"))
     state = load_checkpoint(run_dir / CHECKPOINT, device)
     check_config(

@@ -172,3 +172,10 @@ def test_a_python_tag_in_a_preset_is_refused_not_run(tmp_path: Path, capsys: pyt
 def test_a_constrained_learner_on_a_task_without_a_cost_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "algo=sac_lag", "env.task=panda_push", "env.num_envs=2", "total_steps=10"]) == 2
     assert "panda_push defines no safety cost" in capsys.readouterr().err
+
+
+def test_a_residual_on_a_base_that_is_not_bc_names_both_kinds(capsys: pytest.CaptureFixture[str]) -> None:
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "pendulum_run"
+    assert main(["train", f"residual.base={fixture}", "env.task=pendulum_swingup", "total_steps=10"]) == 2
+    err = capsys.readouterr().err
+    assert "an off-policy learner's run, and a BC run is needed here" in err and "algo=bc" in err

@@ -44,6 +44,11 @@ def test_demos_to_bc_to_residual_to_bundle_to_the_sim_robot(tmp_path: Path, caps
     assert main(["deploy", str(bundle), "--sim", "--duration", "4", "shield.ramp_time=0.5"]) == 0
     out = capsys.readouterr().out
     assert "stopped (duration) after" in out and "refused messages 0" in out, out
+    # The gate takes both run kinds the demo pipeline produces: a verdict (0 or 1), never a config error.
+    for judged in (base, run):
+        assert main(["transfer", str(judged), "--episodes", "4", "--only", "nominal"]) in (0, 1)
+        report = json.loads((judged / "transfer.json").read_text())
+        assert report["task"] == "panda_reach" and report["rows"], report
 
 
 @pytest.mark.slow  # a learning test: trains for about a minute
