@@ -39,6 +39,12 @@ from q2real.deploy_ros.inputs import STREAMS
 from q2real.deploy_ros.node import PolicyNode, Tick
 from q2real.deploy_ros.settings import NODE_NAME, resolve_topic
 
+LATCHED_QOS = Qos(
+    Policy.Reliability.Reliable(duration(milliseconds=100)),
+    Policy.Durability.TransientLocal,
+    Policy.History.KeepLast(1),
+)
+"""ROS 2's latched topics (rclpy's transient local, depth 1): a late subscriber gets the last sample."""
 DEFAULT_QOS = Qos(
     Policy.Reliability.Reliable(duration(milliseconds=100)),
     Policy.Durability.Volatile,
@@ -181,12 +187,16 @@ class DdsNode:
         self._forward = ForwardCommand(msg, len(node.names)) if config.command_style == "forward" else None
         node.subscribers = lambda: len(self.command_writer.get_matched_subscriptions())
         self.diagnostics_writer = self.dds.writer(topics.diagnostics, msg.DiagnosticArray)
+        self.mode_writer = self.dds.writer(topics.mode, msg.String, LATCHED_QOS)
+        self._mode = ""
         self._first_names: list[str] | None = None
         self._robot_seen = threading.Event()
         subscribed = [
             (topics.joint_states, msg.JointState, self._on_joint_state, SENSOR_QOS),
             (topics.estop, msg.Bool, lambda m: node.on_estop(m.data), DEFAULT_QOS),
             (topics.reset, msg.Empty, lambda m: node.on_reset(), DEFAULT_QOS),
+            (topics.start, msg.Empty, lambda m: node.start(), DEFAULT_QOS),
+            (topics.stop, msg.Empty, lambda m: node.on_estop(True, "operator stop"), DEFAULT_QOS),
             (topics.task_command, msg.Float64MultiArray, lambda m: node.on_task_command(m.data), DEFAULT_QOS),
         ]
         for stream, topic, kind, handler in STREAMS:  # only the streams the bundle reads
@@ -245,6 +255,10 @@ class DdsNode:
 
     def _write_diagnostics(self, report: Report) -> None:
         self.diagnostics_writer.write(diagnostics_message(msg, report, self.node.spec.name, stamp_now(msg)))
+        mode = report["values"]["mode"]
+        if mode != self._mode:  # latched: a panel that starts later still reads the current mode
+            self._mode = mode
+            self.mode_writer.write(msg.String(data=mode))
 
     def run(self, stop: threading.Event) -> None:
         self.wait_for_robot()

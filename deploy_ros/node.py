@@ -272,6 +272,30 @@ class PolicyNode:
         is reported and must be repeated."""
         self.requests.push("start")
 
+    def operate(self, kind: str, timeout: float | None = None) -> tuple[bool, str]:
+        """An operator request (`start`, `stop` or `reset`) answered with what happened, as a service
+        replies: queued like the topics' requests, applied at the next tick, then judged on the mode
+        that tick left (a stop is a latched e-stop: a reset, then a start, resumes)."""
+        ticks = self.ticks
+        if kind == "stop":
+            self.on_estop(True, "operator stop")
+        elif kind == "reset":
+            self.on_reset()
+        elif kind == "start":
+            self.start()
+        else:
+            raise ValueError(f"operate: expected start, stop or reset, got {kind!r}")
+        deadline = time.monotonic() + (timeout if timeout is not None else max(0.5, 5 * self.period))
+        while self.ticks < ticks + 2 and time.monotonic() < deadline:  # the tick under way may predate it
+            time.sleep(min(self.period / 4, 0.01))
+        mode = self.shield.mode
+        done = {"start": mode in (Mode.RAMP, Mode.RUN), "stop": mode == Mode.ESTOP, "reset": mode == Mode.PASSIVE}
+        if self.ticks < ticks + 2:
+            why = "no tick ran: is the robot publishing joint states?"
+        else:
+            why = self.waiting or self.held_back or ("" if done[kind] else self.last_reason)
+        return done[kind] and self.ticks >= ticks + 2, f"mode {mode.name}" + (f": {why}" if why else "")
+
     def on_imu(self, message, received: float | None = None) -> str | None:
         """A sensor_msgs/Imu of the base (DDS or rclpy message); returns why it was refused, or None."""
         return self._on_input(self.inputs.on_imu, message, received)

@@ -29,11 +29,12 @@ from geometry_msgs.msg import PoseStamped, Twist
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import try_shutdown
 from sensor_msgs.msg import Imu, JointState
-from std_msgs.msg import Bool, Empty, Float64MultiArray, Header, MultiArrayDimension, MultiArrayLayout
+from std_msgs.msg import Bool, Empty, Float64MultiArray, Header, MultiArrayDimension, MultiArrayLayout, String
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from q2real.deploy_ros import realtime
@@ -62,6 +63,8 @@ MESSAGES = SimpleNamespace(
 """rclpy's generated classes under the names `q2real.deploy_ros.commands` builds messages from."""
 
 COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+LATCHED_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+"""The mode topic: a panel that subscribes later still gets the current mode."""
 
 
 class RclpyPolicyNode(Node):
@@ -84,6 +87,13 @@ class RclpyPolicyNode(Node):
         self.create_subscription(JointState, topics.joint_states, self._on_joint_state, qos_profile_sensor_data)
         self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         self.create_subscription(Empty, topics.reset, self._on_reset, 10)
+        self.create_subscription(Empty, topics.start, lambda _m: core.start(), 10)
+        self.create_subscription(Empty, topics.stop, lambda _m: core.on_estop(True, "operator stop"), 10)
+        # The same requests as services, answered with the mode the next ticks left (std_srvs/Trigger).
+        for kind, topic in (("start", topics.start), ("stop", topics.stop), ("reset", topics.reset)):
+            self.create_service(Trigger, topic, self._service(kind))
+        self.mode_pub = self.create_publisher(String, topics.mode, LATCHED_QOS)
+        self._mode = ""
         self.create_subscription(Float64MultiArray, topics.task_command, self._on_task_command, 10)
         for stream, topic, kind, handler in STREAMS:  # only the streams the bundle reads
             if stream in core.inputs.streams:
@@ -146,6 +156,13 @@ class RclpyPolicyNode(Node):
     def _on_reset(self, _m: Empty) -> None:
         self.core.on_reset()
 
+    def _service(self, kind: str):
+        def serve(_request, response):
+            response.success, response.message = self.core.operate(kind)
+            return response
+
+        return serve
+
     def _on_task_command(self, m: Float64MultiArray) -> None:
         self.core.on_task_command(m.data)
 
@@ -163,6 +180,10 @@ class RclpyPolicyNode(Node):
         if ":" in report["message"]:  # a mode change or a shield intervention, with its reason
             self.get_logger().warn(f"shield: {report['message']}")
         self.diagnostics_pub.publish(diagnostics_message(MESSAGES, report, self.core.spec.name, stamp_now(MESSAGES)))
+        mode = report["values"]["mode"]
+        if mode != self._mode:
+            self._mode = mode
+            self.mode_pub.publish(String(data=mode))
 
 
 def _starts_on_enter(core: PolicyNode) -> None:

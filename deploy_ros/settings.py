@@ -38,6 +38,12 @@ class TopicConfig:
     """None: ros2_control's default for the command style (forward or trajectory controller)."""
     estop: str = "~/estop"
     reset: str = "~/reset"
+    start: str = "~/start"
+    """std_msgs/Empty: the operator's start (the rclpy node also serves it as a std_srvs/Trigger)."""
+    stop: str = "~/stop"
+    """std_msgs/Empty: the operator's stop, a latched e-stop (a reset, then a start, resumes)."""
+    mode: str = "~/mode"
+    """std_msgs/String, latched (transient local): the shield's mode, published on every change."""
     task_command: str = "~/command"
     imu: str = "/imu/data"
     """sensor_msgs/Imu of the base, for policies that observe gravity or the base's angular velocity."""
@@ -50,7 +56,8 @@ class TopicConfig:
     def validate(self, command: str) -> None:
         """Every name valid, and no two roles on one topic (an e-stop topic that is also the joint
         states or the command topic would be fed by the wrong writer)."""
-        keys = ("joint_states", "estop", "reset", "task_command", "imu", "cmd_vel", "object_pose", "diagnostics")
+        keys = ("joint_states", "estop", "reset", "start", "stop", "mode", "task_command", "imu", "cmd_vel")
+        keys += ("object_pose", "diagnostics")
         roles = {key: getattr(self, key) for key in keys}
         roles["command"] = command
         resolved: dict[str, str] = {}

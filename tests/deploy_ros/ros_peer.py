@@ -22,7 +22,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import PoseStamped, Twist
 from rclpy.qos import qos_profile_system_default
 from sensor_msgs.msg import Imu, JointState
-from std_msgs.msg import Bool, Empty, Float64MultiArray
+from std_msgs.msg import Bool, Empty, Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
 TYPES = {
@@ -35,6 +35,7 @@ TYPES = {
     "Imu": Imu,
     "Twist": Twist,
     "PoseStamped": PoseStamped,
+    "String": String,
 }
 
 
@@ -61,6 +62,8 @@ def fields(message) -> dict:
             "effort": list(point.effort),
             "time_from_start": point.time_from_start.sec + 1e-9 * point.time_from_start.nanosec,
         }
+    if isinstance(message, String):
+        return {"data": message.data}
     if isinstance(message, DiagnosticArray):
         status = message.status[0]
         return {"name": status.name, "message": status.message, "keys": [kv.key for kv in status.values]}

@@ -289,3 +289,40 @@ def test_a_policy_that_fails_or_misshapes_at_run_time_never_reaches_the_robot(pe
         now += DT
         assert tick.command.flags & (Rule.DEADLINE_MISS | Rule.ACTION_SHAPE), tick.command.flags
         assert reason in node.last_refusal and np.isfinite(tick.values).all()
+
+
+def test_the_operator_stops_resets_and_starts_again_without_restarting_the_node(pendulum_bundle) -> None:
+    """What a ROS 2 panel's services do (`operate`, the rclpy node's std_srvs/Trigger): each request is
+    answered with the mode the next ticks left, and after a stop the policy runs again on reset + start."""
+    config = NodeConfig(trigger="timer", control_period=DT, shield=ShieldConfig(ramp_time=0.05))
+    node = PolicyNode(pendulum_bundle, config)
+    stop = threading.Event()
+    thread = threading.Thread(target=node.spin, args=(stop, lambda _t: None))
+    feeding = threading.Event()
+
+    def robot() -> None:  # joint states at the pendulum's rate, hanging at rest
+        while not feeding.wait(DT):
+            node.on_joint_state(["hinge"], [0.0], [0.0], [])
+
+    feeder = threading.Thread(target=robot)
+    feeder.start()
+    thread.start()
+    try:
+        _wait_for(lambda: node.ticks > 3, "the first ticks")
+        assert node.operate("start") == (True, "mode RAMP")
+        _wait_for(lambda: node.shield.mode == Mode.RUN, "RUN after the ramp")
+        assert node.operate("stop") == (True, "mode ESTOP")
+        refused, why = node.operate("start")
+        assert not refused and why.startswith("mode ESTOP"), why  # a latched stop needs a reset first
+        assert node.operate("reset") == (True, "mode PASSIVE")
+        started, _ = node.operate("start")
+        assert started
+        _wait_for(lambda: node.shield.mode == Mode.RUN, "RUN again, same process")
+    finally:
+        feeding.set()
+        stop.set()
+        node.on_estop(True)
+        thread.join(5)
+        feeder.join(5)
+    with pytest.raises(ValueError, match="expected start, stop or reset"):
+        node.operate("launch")

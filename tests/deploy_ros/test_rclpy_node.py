@@ -171,3 +171,39 @@ def test_the_rclpy_node_runs_a_legged_robot_on_its_imu_and_cmd_vel(spot_bundle, 
     np.testing.assert_allclose(values["velocity_command"], [0.6, 0.0, -0.3])
     gravity = values["projected_gravity"]
     assert np.linalg.norm(gravity) == pytest.approx(1.0) and gravity[2] < -0.9, gravity  # standing upright
+
+
+def test_the_operators_trigger_services_stop_reset_and_start_the_policy_again(pendulum_bundle, dds_domain) -> None:
+    """std_srvs/Trigger on ~/stop, ~/reset and ~/start, each answered with the mode the node reached,
+    and ~/mode latched: e-stop -> reset -> start -> RUN in one process."""
+    from std_msgs.msg import String
+    from std_srvs.srv import Trigger
+
+    from q2real.deploy_ros.rclpy_node import LATCHED_QOS
+
+    robot = start_sim_robot("pendulum", NodeConfig())
+    try:
+        with rclpy_node(pendulum_bundle, dds_domain, require_subscriber=False) as (node, helper, errors):
+            _wait_for(lambda: node.core.shield.mode == Mode.RUN, 30, "RUN")
+            clients = {
+                kind: helper.create_client(Trigger, f"/q2real_policy/{kind}") for kind in ("stop", "reset", "start")
+            }
+
+            def call(kind: str) -> tuple[bool, str]:
+                assert clients[kind].wait_for_service(timeout_sec=10.0), kind
+                future = clients[kind].call_async(Trigger.Request())
+                _wait_for(future.done, 10, f"the {kind} reply")
+                reply = future.result()
+                return reply.success, reply.message
+
+            assert call("stop") == (True, "mode ESTOP")
+            assert call("start")[0] is False  # latched: a reset comes first
+            assert call("reset") == (True, "mode PASSIVE")
+            assert call("start")[0] is True
+            _wait_for(lambda: node.core.shield.mode == Mode.RUN, 10, "RUN again")
+            modes: list[str] = []
+            helper.create_subscription(String, "/q2real_policy/mode", lambda m: modes.append(m.data), LATCHED_QOS)
+            _wait_for(lambda: modes, 10, "the latched mode for a late subscriber")
+            assert modes[-1] == "RUN" and not errors, (modes, errors)
+    finally:
+        stop_sim_robot(robot)

@@ -75,6 +75,18 @@ def node_running(bundle, config: NodeConfig):
         transport.close()
 
 
+def _modes_during(node: PolicyNode, samples: int, run):
+    """The node's mode every 10 ms for `samples` samples while `run()` runs, and what it returned."""
+    modes: list[Mode] = []
+    watcher = threading.Thread(
+        target=lambda: [modes.append(node.shield.mode) or time.sleep(0.01) for _ in range(samples)]
+    )
+    watcher.start()
+    result = run()
+    watcher.join()
+    return modes, result
+
+
 def _config(**fields) -> NodeConfig:
     return NodeConfig(autostart=True, startup_timeout=30.0, shield=ShieldConfig(ramp_time=0.2), **fields)
 
@@ -128,20 +140,43 @@ def test_the_node_runs_a_ros2_robot_and_obeys_its_operator_topics(distro, pendul
             {"topic": "/q2real_policy/reset", "type": "Empty", "at": 4.0, "once": True},
         ],
     }
-    modes: list[Mode] = []
     with node_running(pendulum_bundle, _config()) as node:
-        watcher = threading.Thread(
-            target=lambda: [modes.append(node.shield.mode) or time.sleep(0.01) for _ in range(480)]
-        )
-        watcher.start()
-        got = run_peer(distro, spec)
-        watcher.join()
+        modes, got = _modes_during(node, 480, lambda: run_peer(distro, spec))
     commands = got["received"]["/forward_command_controller/commands"]
     assert commands["count"] > 100, commands
     assert Mode.RUN in modes and Mode.ESTOP in modes, f"modes seen: {sorted(set(modes))}"
     assert modes.index(Mode.ESTOP) > modes.index(Mode.RUN)
     assert node.shield.mode == Mode.PASSIVE, "the reset did not arrive (autostart never restarts after an e-stop)"
     assert not node.refused
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_a_ros2_operator_stops_resets_and_starts_the_policy_again_without_a_restart(
+    distro, pendulum_bundle, dds_domain
+):
+    """E-stop, reset, start from a ROS 2 panel (the node's operator topics), one process throughout:
+    the policy runs again, and the panel reads every mode on the node's latched ~/mode."""
+    _peer_python(distro)
+    state = {"name": ["hinge"], "position": [0.05], "velocity": [0.0], "effort": [None]}
+    spec = {
+        "seconds": 7.0,
+        "subscribe": {"/q2real_policy/mode": "String"},
+        "publish": [
+            {"topic": "/joint_states", "type": "JointState", "rate": 50.0, "data": state},
+            {"topic": "/q2real_policy/estop", "type": "Bool", "at": 2.0, "once": True, "data": {"data": True}},
+            {"topic": "/q2real_policy/reset", "type": "Empty", "at": 3.5, "once": True},
+            {"topic": "/q2real_policy/start", "type": "Empty", "at": 4.5, "once": True},
+        ],
+    }
+    with node_running(pendulum_bundle, _config(require_subscriber=False)) as node:
+        modes, got = _modes_during(node, 650, lambda: run_peer(distro, spec))
+    # (After the peer, the robot, stops publishing, the node holds: the watcher ends before that.)
+    changes = [m for i, m in enumerate(modes) if i == 0 or m != modes[i - 1]]
+    assert changes[-1] == Mode.RUN, f"modes: {changes}"
+    estop = changes.index(Mode.ESTOP)
+    assert Mode.RUN in changes[:estop] and changes[estop:].index(Mode.PASSIVE) < changes[estop:].index(Mode.RUN)
+    panel = got["received"]["/q2real_policy/mode"]
+    assert panel["count"] >= 4 and panel["last"] == {"data": "RUN"}, panel
 
 
 @pytest.mark.parametrize("distro", DISTROS)
