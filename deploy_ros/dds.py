@@ -226,7 +226,8 @@ class DdsNode:
         if self._first_names is None:
             self._first_names = list(m.name)
             self._robot_seen.set()
-        self.node.on_joint_state(m.name, m.position, m.velocity, m.effort)
+        stamp = m.header.stamp
+        self.node.on_joint_state(m.name, m.position, m.velocity, m.effort, stamp=stamp.sec + 1e-9 * stamp.nanosec)
 
     def wait_for_robot(self, default_timeout: float = ROBOT_STARTUP) -> None:
         """Block until the robot's first joint state (`startup_timeout`, or `default_timeout` if that is

@@ -240,8 +240,20 @@ class PolicyNode:
         """Refuse to run against a robot whose joint states do not match the bundle."""
         self.states.check_robot(names)
 
-    def on_joint_state(self, names, position, velocity, effort, received: float | None = None) -> str | None:
-        """Store a joint state message (and tick on it, when it is due); returns why it was refused, or None."""
+    def on_joint_state(
+        self, names, position, velocity, effort, received: float | None = None, stamp: float = 0.0
+    ) -> str | None:
+        """Store a joint state message (and tick on it, when it is due); returns why it was refused, or
+        None. `stamp`: its header stamp in wall-clock seconds (0: unset)."""
+        if stamp:
+            offset = stamp - time.time()
+            if not abs(offset) <= self.config.inputs.max_stamp_offset:
+                reason = (
+                    f"stamp: {offset:+.3g} s from this machine's clock (inputs.max_stamp_offset "
+                    f"{self.config.inputs.max_stamp_offset:g} s): is the robot's clock synchronized?"
+                )
+                self._refuse(reason)
+                return reason
         now = time.monotonic()
         # A stamp from the future would make the state look fresh for longer than it is.
         received = now if received is None else min(received, now)

@@ -120,7 +120,8 @@ class RclpyPolicyNode(Node):
         if not self._checked:
             self.core.check_robot(list(m.name))  # raises: the bundle is for another robot
             self._checked = True
-        reason = self.core.on_joint_state(m.name, m.position, m.velocity, m.effort)
+        stamp = m.header.stamp.sec + 1e-9 * m.header.stamp.nanosec
+        reason = self.core.on_joint_state(m.name, m.position, m.velocity, m.effort, stamp=stamp)
         if reason is not None:
             self.get_logger().warn(f"joint state refused: {reason}", throttle_duration_sec=1.0)
 

@@ -65,6 +65,8 @@ class Row:
     """Counted in the verdict (the stress row is not)."""
     passed: bool = True
     """The interval's lower end (the ratio itself for one episode) clears the threshold."""
+    cost: float | None = None
+    """Mean episode safety cost, for a task with one (reported beside the return, not judged)."""
 
 
 BOOTSTRAP = 2000
@@ -123,6 +125,8 @@ def in_training_return(run_dir: Path) -> float:
 class Episodes:
     returns: torch.Tensor
     """Of the first episode of every env."""
+    costs: torch.Tensor
+    """Safety cost of the same episodes (zeros for a task without one)."""
     interventions: float
     """Fraction of the episodes' ticks on which a shield clamp changed the policy's command."""
     change: float
@@ -130,6 +134,8 @@ class Episodes:
     action units; `q2real.safety.shield.Counters.run_change`)."""
     rules: dict[str, float]
     """Fraction of the episodes' ticks on which each clamp rule acted (those that ever did)."""
+    has_cost: bool = False
+    """The task defines a safety cost (`costs` then means something)."""
 
 
 def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bool = True) -> Episodes:
@@ -158,6 +164,7 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
     obs = env.reset(seed=seed)
     physics = env.physics
     returns = torch.zeros(env.num_envs)
+    costs = torch.zeros(env.num_envs)
     finished = torch.zeros(env.num_envs, dtype=torch.bool)
     flags = np.zeros(env.num_envs, dtype=np.int64)
     fired = {str(rule.name): 0 for rule in CLAMPS}
@@ -197,13 +204,14 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
         result = env.step(torch.from_numpy(commanded).float().to(env.device))
         physics = env.physics
         returns += torch.where(finished, 0.0, result.reward.cpu())
+        costs += torch.where(finished, 0.0, result.cost.cpu())
         finished |= result.done.cpu()
         obs = result.obs
         if last is not None:
             obs[:, last] = torch.from_numpy(np.clip(actions, -1.0, 1.0)).to(obs)
         t += dt
     rules = {name: n / max(ticks, 1) for name, n in fired.items() if n}
-    return Episodes(returns, interventions / max(ticks, 1), change / max(ticks, 1), rules)
+    return Episodes(returns, costs, interventions / max(ticks, 1), change / max(ticks, 1), rules, env.has_cost)
 
 
 def _term(env: TaskEnv, name: str) -> slice | None:
@@ -276,6 +284,15 @@ def run_gate(
     def returns_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> torch.Tensor:
         return episodes_on(on, randomization, shielded).returns
 
+    costed: dict[str, float] = {}
+    """Mean episode cost per row, for a task with a safety cost (a constrained run's half of the result)."""
+
+    def row_returns(name: str, on: str, randomization: RandomizationConfig) -> torch.Tensor:
+        episodes = episodes_on(on, randomization)
+        if has_cost:
+            costed[name] = float(episodes.costs.mean())
+        return episodes.returns
+
     def episodes_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> Episodes:
         env = env_on(on, randomization)
         try:
@@ -286,18 +303,24 @@ def run_gate(
     def show(row: Row) -> None:
         verdict = "pass" if row.passed else "FAIL" if row.required else "-"
         kind = "in range" if row.in_range else "beyond"
+        row.cost = costed.get(row.name)
+        cost = f"   cost {row.cost:7.2f}" if row.cost is not None else ""
         progress(
             f"  {row.name:<22} {kind:<9} return {row.mean:9.2f} +- {row.std:7.2f}   ratio {row.ratio:6.3f} "
-            f"{_interval(row):<16} {verdict:<4}  {row.magnitude}"
+            f"{_interval(row):<16} {verdict:<4}{cost}  {row.magnitude}"
         )
 
     # The reference: the same bundle and shield on the very episodes of every row, as in training
     # (trained backend, trained randomization), so row ratios are paired, not two noisy means.
     as_trained = episodes_on(trained_backend, env_config.randomization)
     reference_returns = as_trained.returns
+    has_cost = as_trained.has_cost
+    reference_cost = float(as_trained.costs.mean()) if has_cost else None
     reference = float(reference_returns.mean())
     progress(
-        f"  {'as trained':<22} {'reference':<9} return {reference:9.2f}   (logged evaluation {logged:.2f}); "
+        f"  {'as trained':<22} {'reference':<9} return {reference:9.2f}"
+        + (f", episode cost {reference_cost:.2f}" if reference_cost is not None else "")
+        + f"   (logged evaluation {logged:.2f}); "
         f"the shield changed the command on {100 * as_trained.interventions:.1f} % of ticks "
         f"({', '.join(f'{k} {100 * v:.1f} %' for k, v in as_trained.rules.items()) or 'no rule acted'}), "
         f"by {as_trained.change:.3f} per joint and tick in action units"
@@ -309,7 +332,7 @@ def run_gate(
     show(shield_row)
     rows: list[Row] = [shield_row]
     for p in rows_wanted:
-        returns = returns_on(backend, p.randomization)
+        returns = row_returns(p.name, backend, p.randomization)
         rows.append(judged(p.name, returns, reference_returns, threshold, p.in_range, p.magnitude, p.required))
         show(rows[-1])
     ros_rate = ros_change = None
@@ -339,6 +362,7 @@ def run_gate(
         "episodes": episodes,
         "threshold": threshold,
         "reference_return": reference,
+        "reference_cost": reference_cost,
         "unshielded_return": float(unshielded_returns.mean()),
         "in_training_return": logged,
         "rows": [dataclasses.asdict(r) for r in rows],

@@ -174,6 +174,9 @@ def test_gate_refuses_a_run_without_evaluations(tmp_path: Path, pendulum_run: Pa
     assert nominal["low"] == pytest.approx(1.0) and report["transfer_ratio_in_range_lower"] == pytest.approx(1.0)
     assert report["in_training_return"] == 1.0 and report["passed"]
     assert math.isfinite(report["unshielded_return"])  # the same episodes without the shield
+    # The pendulum has a safety cost (spinning past its velocity limit): every row reports it, and the
+    # nominal row, the reference's own episodes, reports the reference's.
+    assert nominal["cost"] == pytest.approx(report["reference_cost"]) and report["reference_cost"] >= 0
 
 
 def test_perturbation_values_are_valid_randomization_configs() -> None:
