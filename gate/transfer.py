@@ -284,15 +284,6 @@ def run_gate(
     def returns_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> torch.Tensor:
         return episodes_on(on, randomization, shielded).returns
 
-    costed: dict[str, float] = {}
-    """Mean episode cost per row, for a task with a safety cost (a constrained run's half of the result)."""
-
-    def row_returns(name: str, on: str, randomization: RandomizationConfig) -> torch.Tensor:
-        episodes = episodes_on(on, randomization)
-        if has_cost:
-            costed[name] = float(episodes.costs.mean())
-        return episodes.returns
-
     def episodes_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> Episodes:
         env = env_on(on, randomization)
         try:
@@ -303,7 +294,6 @@ def run_gate(
     def show(row: Row) -> None:
         verdict = "pass" if row.passed else "FAIL" if row.required else "-"
         kind = "in range" if row.in_range else "beyond"
-        row.cost = costed.get(row.name)
         cost = f"   cost {row.cost:7.2f}" if row.cost is not None else ""
         progress(
             f"  {row.name:<22} {kind:<9} return {row.mean:9.2f} +- {row.std:7.2f}   ratio {row.ratio:6.3f} "
@@ -314,8 +304,7 @@ def run_gate(
     # (trained backend, trained randomization), so row ratios are paired, not two noisy means.
     as_trained = episodes_on(trained_backend, env_config.randomization)
     reference_returns = as_trained.returns
-    has_cost = as_trained.has_cost
-    reference_cost = float(as_trained.costs.mean()) if has_cost else None
+    reference_cost = float(as_trained.costs.mean()) if as_trained.has_cost else None
     reference = float(reference_returns.mean())
     progress(
         f"  {'as trained':<22} {'reference':<9} return {reference:9.2f}"
@@ -332,8 +321,10 @@ def run_gate(
     show(shield_row)
     rows: list[Row] = [shield_row]
     for p in rows_wanted:
-        returns = row_returns(p.name, backend, p.randomization)
-        rows.append(judged(p.name, returns, reference_returns, threshold, p.in_range, p.magnitude, p.required))
+        ran = episodes_on(backend, p.randomization)
+        judgement = judged(p.name, ran.returns, reference_returns, threshold, p.in_range, p.magnitude, p.required)
+        # A constrained run's other half of the result: shown beside the return, not judged.
+        rows.append(dataclasses.replace(judgement, cost=float(ran.costs.mean()) if ran.has_cost else None))
         show(rows[-1])
     ros_rate = ros_change = None
     if ros:
