@@ -196,7 +196,7 @@ class DdsNode:
             (topics.estop, msg.Bool, lambda m: node.on_estop(m.data), DEFAULT_QOS),
             (topics.reset, msg.Empty, lambda m: node.on_reset(), DEFAULT_QOS),
             (topics.start, msg.Empty, lambda m: node.start(), DEFAULT_QOS),
-            (topics.stop, msg.Empty, lambda m: node.on_estop(True, "operator stop"), DEFAULT_QOS),
+            (topics.stop, msg.Empty, lambda m: node.on_stop(), DEFAULT_QOS),
             (topics.task_command, msg.Float64MultiArray, lambda m: node.on_task_command(m.data), DEFAULT_QOS),
         ]
         for stream, topic, kind, handler in STREAMS:  # only the streams the bundle reads

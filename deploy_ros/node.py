@@ -245,12 +245,13 @@ class PolicyNode:
     ) -> str | None:
         """Store a joint state message (and tick on it, when it is due); returns why it was refused, or
         None. `stamp`: its header stamp in wall-clock seconds (0: unset)."""
-        if stamp:
+        skew = self.config.inputs.max_stamp_skew
+        if stamp and skew is not None:
             offset = stamp - time.time()
-            if not abs(offset) <= self.config.inputs.max_stamp_offset:
+            if not abs(offset) <= skew:
                 reason = (
-                    f"stamp: {offset:+.3g} s from this machine's clock (inputs.max_stamp_offset "
-                    f"{self.config.inputs.max_stamp_offset:g} s): is the robot's clock synchronized?"
+                    f"stamp: {offset:+.3g} s from this machine's clock (inputs.max_stamp_skew {skew:g} s): "
+                    "is the robot's clock synchronized?"
                 )
                 self._refuse(reason)
                 return reason
@@ -274,6 +275,10 @@ class PolicyNode:
         if engaged:
             self.requests.push("estop", reason)
 
+    def on_stop(self) -> None:
+        """Operator stop (`~/stop`): an e-stop, latched the same way; a reset, then a start, resumes."""
+        self.on_estop(True, "operator stop")
+
     def on_reset(self) -> None:
         """ESTOP, HOLD or DAMP -> PASSIVE at the next tick, unless an e-stop arrives before that tick."""
         self.requests.push("reset")
@@ -290,7 +295,7 @@ class PolicyNode:
         that tick left (a stop is a latched e-stop: a reset, then a start, resumes)."""
         ticks = self.ticks
         if kind == "stop":
-            self.on_estop(True, "operator stop")
+            self.on_stop()
         elif kind == "reset":
             self.on_reset()
         elif kind == "start":

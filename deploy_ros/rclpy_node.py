@@ -88,7 +88,7 @@ class RclpyPolicyNode(Node):
         self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         self.create_subscription(Empty, topics.reset, self._on_reset, 10)
         self.create_subscription(Empty, topics.start, lambda _m: core.start(), 10)
-        self.create_subscription(Empty, topics.stop, lambda _m: core.on_estop(True, "operator stop"), 10)
+        self.create_subscription(Empty, topics.stop, lambda _m: core.on_stop(), 10)
         # The same requests as services, answered with the mode the next ticks left (std_srvs/Trigger).
         for kind, topic in (("start", topics.start), ("stop", topics.stop), ("reset", topics.reset)):
             self.create_service(Trigger, topic, self._service(kind))

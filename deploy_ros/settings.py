@@ -87,17 +87,19 @@ class InputsConfig:
     MEMS gyros), refused like a NaN."""
     max_object_distance: float = 5.0
     """m from the frame's origin; a tracked object farther away is a tracker fault, refused."""
-    max_stamp_offset: float = 1.0
-    """s; a joint state whose header stamp is set and further than this from this machine's wall clock
-    (a robot clock not synchronized, a 1970 or 2038 stamp) is refused: freshness is judged on arrival,
-    and such a stamp says the message cannot be trusted to be the robot's present. Unset stamps
-    (0, as some drivers send) are judged on arrival alone."""
+    max_stamp_skew: float | None = None
+    """s; set, a joint state whose header stamp is set and further than this from this machine's wall
+    clock (a 1970 or 2038 stamp, a clock that drifted) is refused: freshness is judged on arrival, and
+    such a stamp says the message cannot be trusted to be the robot's present. None (the default):
+    stamps are not compared, for robots whose clock is not synchronized with this machine's. Unset
+    stamps (0, as some drivers send) are judged on arrival alone either way."""
 
     def validate(self) -> None:
         checks.number("inputs.imu_max_age", self.imu_max_age, above=0.0, at_most=0.5)
         checks.number("inputs.velocity_command_timeout", self.velocity_command_timeout, above=0.0, at_most=10.0)
         checks.number("inputs.object_max_age", self.object_max_age, above=0.0, at_most=5.0)
-        checks.number("inputs.max_stamp_offset", self.max_stamp_offset, above=0.0, at_most=3600.0)
+        if self.max_stamp_skew is not None:
+            checks.number("inputs.max_stamp_skew", self.max_stamp_skew, above=0.0, at_most=3600.0)
         if self.imu_frame_id is not None and not self.imu_frame_id.strip():
             raise ValueError("inputs.imu_frame_id: expected a frame name, got an empty string")
         checks.number("inputs.max_angular_velocity", self.max_angular_velocity, above=0.0, at_most=200.0)

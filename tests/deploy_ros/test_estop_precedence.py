@@ -1,5 +1,5 @@
-"""E-stop precedence as a property: random interleavings of e-stop, release, reset, start and joint
-states between ticks, checked against the mode machine's invariants; then the race that used to lose
+"""E-stop precedence as a property: random interleavings of e-stop, release, the operator's stop,
+reset and start (as the topics and the services deliver them) and joint states between ticks, checked against the mode machine's invariants; then the race that used to lose
 e-stops (a reset and an e-stop sent back to back) over real DDS."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import ShieldConfig
 
 DT = 0.02  # hardware/pendulum control period
-EVENTS = ("estop", "release", "reset", "start", "state", "far_state", "tick")
+EVENTS = ("estop", "stop", "release", "reset", "start", "state", "far_state", "tick")
 
 
 def _node(bundle, autostart: bool) -> PolicyNode:
@@ -57,6 +57,9 @@ def test_no_request_that_races_an_estop_undoes_it(pendulum_bundle, autostart, ev
     for k, event in enumerate([*events, "tick"]):
         if event == "estop":
             node.on_estop(True)
+        elif event == "stop":  # ~/stop, and the stop service before it waits for its tick
+            node.on_stop()
+            event = "estop"
         elif event == "release":
             node.on_estop(False)
         elif event == "reset":

@@ -213,9 +213,13 @@ def test_a_policy_that_reads_a_command_never_runs_on_a_made_up_one(tmp_path) -> 
 
 @pytest.mark.parametrize("stamp", [1.0, 2**31 + 10.0, -5.0])
 def test_a_joint_state_stamped_far_from_this_clock_is_refused(pendulum_bundle, stamp: float) -> None:
-    """1970, 2038 or a negative stamp: the robot's clock is not this machine's, so the message cannot
-    be trusted to be fresh however recently it arrived."""
-    node = PolicyNode(pendulum_bundle)
+    """1970, 2038 or a negative stamp: with `max_stamp_skew` set, the robot's clock is not this
+    machine's, so the message cannot be trusted to be fresh however recently it arrived. Off (the
+    default, for robots whose clock is not synchronized), the same message is taken."""
+    assert PolicyNode(pendulum_bundle).on_joint_state(["hinge"], [0.1], [0.0], [], stamp=stamp) is None
+    config = NodeConfig()
+    config.inputs.max_stamp_skew = 1.0
+    node = PolicyNode(pendulum_bundle, config)
     reason = node.on_joint_state(["hinge"], [0.1], [0.0], [], stamp=stamp)
     assert reason is not None and reason.startswith("stamp: ") and "synchronized" in reason
     assert node.states.latest is None and node.refused["stamp"] == 1
@@ -224,7 +228,9 @@ def test_a_joint_state_stamped_far_from_this_clock_is_refused(pendulum_bundle, s
 def test_unset_and_current_stamps_are_taken(pendulum_bundle) -> None:
     import time as wall
 
-    node = PolicyNode(pendulum_bundle)
+    config = NodeConfig()
+    config.inputs.max_stamp_skew = 1.0
+    node = PolicyNode(pendulum_bundle, config)
     assert node.on_joint_state(["hinge"], [0.1], [0.0], [], stamp=0.0) is None  # a driver that sets none
     assert node.on_joint_state(["hinge"], [0.2], [0.0], [], stamp=wall.time() - 0.2) is None
     assert node.states.latest is not None and node.states.latest.position.tolist() == [0.2]
