@@ -53,6 +53,10 @@ class TrainConfig:
     eval_envs: int = 10
     """Evaluation episodes, run in parallel, one per env, on envs seeded apart from training."""
     checkpoint_every: int = 10_000
+    checkpoint_replay: bool = True
+    """Keep the replay's rows in use in each checkpoint, so a resume continues bit-for-bit. False: the
+    checkpoint holds networks, optimizers and counters only (megabytes, not the replay's size); a
+    resume then refills the replay with the policy and pauses updates until it holds a batch."""
     stop_return: float | None = None
     """Stop early once the evaluation mean return reaches this."""
     threads: int = 0

@@ -103,6 +103,8 @@ class Trainer:
         self.finite = FiniteFlags()
         """The first env step of this window at which an env output or update metric was non-finite."""
         self.last_checkpoint: Path | None = None
+        self.learn_from = 0
+        """Env step before which no update runs besides warm-up: a resume without replay refills it first."""
         self.last_eval: float | None = None
         self.last_eval_success: float | None = None
         """Share of the last evaluation's episodes that passed the task's success test (None: no test)."""
@@ -175,7 +177,7 @@ class Trainer:
         self.iteration += 1
 
     def learn(self) -> None:
-        if self.step < self.config.warmup_steps:
+        if self.step < max(self.config.warmup_steps, self.learn_from):
             return
         self.update_credit += self.config.updates_per_step
         while self.update_credit >= 1.0:

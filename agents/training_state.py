@@ -25,6 +25,7 @@ FORMAT = 1
 
 def training_state(trainer: Trainer) -> dict[str, Any]:
     agent = trainer.agent
+    keep = trainer.config.checkpoint_replay
     return {
         "format": FORMAT,
         "config": to_dict(trainer.config),
@@ -38,8 +39,8 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
         "agent": agent.state_dict(),
         "agent_extra": agent.extra_state(),
         "optimizers": {name: opt.state_dict() for name, opt in agent.optimizers().items()},
-        "replay": trainer.replay.state_dict(),
-        "sampler": trainer.sampler.state_dict(),
+        "replay": trainer.replay.state_dict() if keep else trainer.replay.empty_state(),
+        "sampler": trainer.sampler.state_dict() if keep else {},
         "env": trainer.env.state_dict(),
         "obs": trainer.obs,
         "episodes": trainer.episodes.state_dict(),
@@ -81,6 +82,15 @@ def restore(trainer: Trainer, path: Path, world: int = 1) -> float:
     if trainer.chunks is not None:
         trainer.chunks.queue.load_state_dict({k: v.to(trainer.env.device) for k, v in state["chunks"].items()})
     trainer.step, trainer.iteration = int(state["step"]), int(state["iteration"])
+    if trainer.step > 0 and len(trainer.replay) == 0:  # written with checkpoint_replay=false
+        per_iteration = trainer.envs_per_iteration
+        refill = -(-trainer.config.agent.batch_size // per_iteration) * per_iteration
+        trainer.learn_from = trainer.step + refill
+        print(
+            f"{path}: the checkpoint keeps no replay (checkpoint_replay=false): the policy refills it for "
+            f"{refill} env steps before updates continue from step {trainer.learn_from}",
+            flush=True,
+        )
     trainer.update_credit = float(state["update_credit"])
     torch.set_rng_state(state["rng"]["torch"].cpu())
     if state["rng"]["cuda"] and torch.cuda.is_available():

@@ -178,6 +178,11 @@ class ReplayStorage:
         data = {k: v[:size].clone() for k, v in self.data.items()}
         return {"data": data, "pos": self.pos, "size": size, "rows": self.rows}
 
+    def empty_state(self) -> dict:
+        """What `state_dict` gives for a replay of no rows: a checkpoint that keeps no replay."""
+        data = {k: v[:0].clone() for k, v in self.data.items()}
+        return {"data": data, "pos": 0, "size": 0, "rows": self.rows}
+
     def state_problem(self, state: dict) -> str | None:
         """Why `state` does not fit this replay (a field, its shape and this replay's), or None. A
         checkpoint holds its rows in use, so only the per-row shapes must match (checkpoints that

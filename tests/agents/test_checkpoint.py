@@ -369,3 +369,31 @@ def test_a_garbled_config_yaml_refuses_resume_in_one_line(run: Path, capsys: pyt
     assert main(["train", "--resume", str(run)]) == 2
     err = capsys.readouterr().err
     assert f"{run / 'config.yaml'}: not valid YAML" in err and err.count("\n") <= 8, err
+
+
+def test_a_run_checkpointed_without_replay_resumes_by_refilling_it_first(tmp_path: Path, capsys) -> None:
+    """`checkpoint_replay=false`: the file keeps networks and counters only (smaller than the replay
+    alone), and a resume collects a batch with the policy before the first update, then trains on."""
+    config = tiny(tmp_path, "lean", extra=("checkpoint_replay=false",))
+    first = Trainer(config)
+    first.run()
+    replay_bytes = sum(t[: first.replay.size].numel() * t.element_size() for t in first.replay.data.values())
+    updates = first.agent.updates
+    state = load_checkpoint(tmp_path / "lean" / "checkpoint.pt")
+    assert state["replay"]["size"] == 0 and state["sampler"] == {}
+    assert all(len(t) == 0 for t in state["replay"]["data"].values())
+    assert (tmp_path / "lean" / "checkpoint.pt").stat().st_size < replay_bytes + 200_000
+    more = dataclasses.replace(config, total_steps=300)
+    trainer = Trainer(more, resume=tmp_path / "lean")
+    assert trainer.step == 200 and len(trainer.replay) == 0 and trainer.agent.updates == updates
+    assert trainer.learn_from == 216  # a batch of 16 at 2 env steps per iteration
+    assert "keeps no replay" in capsys.readouterr().out
+    for _ in range(7):  # 14 env steps: less than a batch, no update
+        trainer.collect()
+        trainer.learn()
+    assert len(trainer.replay) == 14 and trainer.agent.updates == updates
+    trainer.collect()  # the replay holds a batch: updates continue
+    trainer.learn()
+    assert trainer.agent.updates == updates + 1
+    trainer.env.close()
+    trainer.eval_env.close()
