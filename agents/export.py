@@ -28,7 +28,14 @@ from q2real.agents.learners import restore_agent
 from q2real.agents.sac_lag import SACLag
 from q2real.configs.loader import to_dict
 from q2real.contracts.chunks import ChunkSpec
-from q2real.contracts.schema import METADATA_KEY, SCHEMA_VERSION, BundleError, read_metadata, robot_metadata
+from q2real.contracts.schema import (
+    METADATA_KEY,
+    SCHEMA_VERSION,
+    BundleError,
+    read_metadata,
+    robot_metadata,
+    seal,
+)
 from q2real.hardware.action import command_from_action
 from q2real.sim import VecEnv, make
 
@@ -198,6 +205,7 @@ def write_graph(policy: nn.Module, meta: dict[str, Any], output: Path) -> Path:
     entry.key, entry.value = METADATA_KEY, text
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(tmp))
+    seal(tmp)
     os.replace(tmp, output)
     output.with_suffix(output.suffix + ".json").write_text(text)
     read_metadata(output)  # refuse to hand out a bundle our own loader would refuse

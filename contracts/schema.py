@@ -9,8 +9,10 @@ layout, the action mapping, the control period and where the policy came from.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import reprlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,10 @@ from q2real.hardware.spec import RobotSpec, SpecError, build_spec
 
 SCHEMA_VERSION = 1
 METADATA_KEY = "q2real"
+DIGEST_KEY = "q2real.sha256"
+"""The ONNX metadata_props entry holding the sha256 of every other byte of the bundle (`seal`)."""
+_METADATA_PROPS = 14
+"""`ModelProto.metadata_props`: repeated key/value entries, each its own top-level record."""
 _ROBOT_ARRAYS = {
     "name": "joint_names",
     "position_limits": "position_limits",
@@ -295,3 +301,82 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     if METADATA_KEY not in entries:
         raise BundleError(f"{source}: metadata: no '{METADATA_KEY}' entry in the ONNX metadata_props")
     return parse_metadata(entries[METADATA_KEY], source)
+
+
+def seal(path: str | Path) -> None:
+    """Append the bundle's digest to the ONNX file at `path` (replacing any earlier one): the sha256 of
+    all its other bytes, as a `q2real.sha256` metadata_props entry. A flipped byte in a weight loads
+    and runs and a changed digit in the metadata may still validate; only the digest tells either
+    from what was exported. Protobuf merges a repeated field's records wherever they lie, so the entry
+    is appended without re-serializing the model."""
+    path = Path(path)
+    data = path.read_bytes()
+    kept = b"".join(bytes(record) for record, is_digest in _records(data, str(path)) if not is_digest)
+    entry = _field(1, DIGEST_KEY.encode()) + _field(2, hashlib.sha256(kept).hexdigest().encode())
+    tmp = path.with_name(f".{path.name}.seal")
+    tmp.write_bytes(kept + _field(_METADATA_PROPS, entry))
+    os.replace(tmp, path)
+
+
+def check_seal(data: bytes, source: str) -> None:
+    """Refuse an ONNX file (`data`, its bytes) whose digest is missing or does not match the rest."""
+    records = _records(data, source)
+    digests = [bytes(record) for record, is_digest in records if is_digest]
+    if len(digests) != 1:
+        raise BundleError(
+            f"{source}: {len(digests)} '{DIGEST_KEY}' entries, expected one: exported before bundles carried "
+            "a digest, or edited by another tool; export it again"
+        )
+    recorded = digests[0][-64:].decode("ascii", errors="replace")
+    actual = hashlib.sha256(b"".join(bytes(record) for record, is_digest in records if not is_digest)).hexdigest()
+    if recorded != actual:
+        raise BundleError(
+            f"{source}: its bytes hash to sha256 {actual[:16]}..., the bundle records {recorded[:16]}...: the "
+            "file was damaged or edited after export; export it again"
+        )
+
+
+def _records(data: bytes, source: str) -> list[tuple[memoryview, bool]]:
+    """The file's top-level protobuf records in order, each with whether it is the digest entry."""
+    view, at, records = memoryview(data), 0, []
+    marker = _field(1, DIGEST_KEY.encode())
+    while at < len(view):
+        start, payload = at, view[:0]
+        key, at = _varint(view, at, source)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, at = _varint(view, at, source)
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+        elif wire == 2:
+            size, at = _varint(view, at, source)
+            payload, at = view[at : at + size], at + size
+        else:
+            raise BundleError(f"{source}: not an ONNX model: protobuf wire type {wire} at byte {start}")
+        if at > len(view):
+            raise BundleError(f"{source}: not an ONNX model: a record at byte {start} runs past the end")
+        is_digest = field == _METADATA_PROPS and wire == 2 and bytes(payload[: len(marker)]) == marker
+        records.append((view[start:at], is_digest))
+    return records
+
+
+def _varint(view: memoryview, at: int, source: str) -> tuple[int, int]:
+    value = shift = 0
+    while at < len(view) and shift < 64:
+        byte = view[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return value, at
+    raise BundleError(f"{source}: not an ONNX model: a malformed length at byte {at}")
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf record: tag, length, payload."""
+    out, value = bytearray(), len(payload)
+    for part in ((number << 3) | 2, value):
+        while part >= 0x80:
+            out.append(part & 0x7F | 0x80)
+            part >>= 7
+        out.append(part)
+    return bytes(out) + payload

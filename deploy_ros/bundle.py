@@ -20,6 +20,7 @@ from q2real.contracts.schema import (
     METADATA_KEY,
     BundleError,
     BundleInfo,
+    check_seal,
     chunk_from_metadata,
     cost_from_metadata,
     parse_metadata,
@@ -43,8 +44,10 @@ class PolicyBundle:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        data = self.path.read_bytes()  # the bytes checked are the bytes run: the file is read once
+        check_seal(data, source)
         try:
-            self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
         except Exception as err:
             raise BundleError(f"{source}: onnxruntime cannot load it: {err}") from err
         try:

@@ -14,7 +14,7 @@ from q2real.agents.config import TrainConfig
 from q2real.agents.export import DeployPolicy, export_run, load_run_policy
 from q2real.agents.train import train
 from q2real.configs.loader import load
-from q2real.contracts.schema import METADATA_KEY, BundleError, read_metadata
+from q2real.contracts.schema import METADATA_KEY, BundleError, read_metadata, seal
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.gate.evaluation import evaluate_run
 from q2real.hardware import robot_spec
@@ -103,6 +103,7 @@ def _rewrite(source: Path, target: Path, edit) -> Path:
         entry = model.metadata_props.add()
         entry.key, entry.value = METADATA_KEY, value if isinstance(value, str) else json.dumps(value)
     onnx.save(model, str(target))
+    seal(target)  # resealed: what is tested is the field, not the digest
     return target
 
 
@@ -155,7 +156,7 @@ def test_missing_and_non_onnx_files_are_refused(tmp_path: Path) -> None:
         PolicyBundle(tmp_path / "nope.onnx")
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"not a model")
-    with pytest.raises(BundleError, match="onnxruntime cannot load it"):
+    with pytest.raises(BundleError, match="junk.onnx: not an ONNX model"):
         PolicyBundle(junk)
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from q2real.cli.main import main
-from q2real.contracts.schema import METADATA_KEY, BundleError, parse_metadata, read_metadata
+from q2real.contracts.schema import METADATA_KEY, BundleError, parse_metadata, read_metadata, seal
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
@@ -33,6 +33,7 @@ def _rewrite(bundle: Path, target: Path, meta: dict | str) -> Path:
     entry = next(p for p in model.metadata_props if p.key == METADATA_KEY)
     entry.value = meta if isinstance(meta, str) else json.dumps(meta)
     onnx.save(model, str(target))
+    seal(target)  # resealed: what is tested is the field, not the digest
     return target
 
 
@@ -182,6 +183,7 @@ def _hand_made_bundle(meta: dict, path: Path, second: onnx.NodeProto, output_typ
     entry = model.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(meta)
     onnx.save(model, str(path))
+    seal(path)
     return path
 
 
@@ -265,5 +267,49 @@ def test_metadata_that_is_not_utf8_is_a_bundle_error(panda_bundle, tmp_path) -> 
     assert data.count(b'"schema_version"') == 1
     bad = tmp_path / "flipped.onnx"
     bad.write_bytes(data.replace(b'"schema_version"', b'"schema\xa0version"'))
+    with pytest.raises(BundleError, match="damaged or edited after export"):
+        PolicyBundle(bad)
+    seal(bad)  # an editor that also reseals
     with pytest.raises(BundleError, match="metadata_props are not UTF-8 text"):
         PolicyBundle(bad)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.floats(0.0, 1.0, exclude_max=True), bit=st.integers(0, 7))
+def test_any_flipped_bit_is_refused_as_a_bundle_error(panda_bundle, tmp_path, where: float, bit: int) -> None:
+    """In a weight, in the metadata, in the digest or in the protobuf framing: never a raw exception,
+    never a bundle that loads."""
+    data = bytearray(panda_bundle.read_bytes())
+    data[int(where * len(data))] ^= 1 << bit
+    bad = tmp_path / "flipped.onnx"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BundleError):
+        PolicyBundle(bad)
+
+
+def test_a_flipped_weight_names_the_digest_and_a_bundle_without_one_is_refused(panda_bundle, tmp_path) -> None:
+    model = onnx.load(str(panda_bundle))
+    weight = max(model.graph.initializer, key=lambda t: len(t.raw_data))
+    data = panda_bundle.read_bytes()
+    at = data.index(weight.raw_data) + len(weight.raw_data) // 2
+    flipped = tmp_path / "weight.onnx"
+    flipped.write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :])
+    with pytest.raises(BundleError, match=r"weight\.onnx: its bytes hash to sha256 .* the bundle records"):
+        PolicyBundle(flipped)
+    seal(flipped)
+    PolicyBundle(flipped)  # the same flip, resealed, loads and runs: only the digest caught it
+
+    del model.metadata_props[-1]  # the digest entry
+    unsealed = tmp_path / "unsealed.onnx"
+    onnx.save(model, str(unsealed))
+    with pytest.raises(BundleError, match="0 'q2real.sha256' entries, expected one"):
+        PolicyBundle(unsealed)
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.01, 0.5, 0.999])
+def test_a_truncated_bundle_is_a_bundle_error(panda_bundle, tmp_path, keep: float) -> None:
+    data = panda_bundle.read_bytes()
+    short = tmp_path / "short.onnx"
+    short.write_bytes(data[: int(keep * len(data))])
+    with pytest.raises(BundleError):
+        PolicyBundle(short)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from q2real.agents.common.chunk_critics import ChunkConfig
 from q2real.contracts.chunks import ChunkQueue, ChunkSpec
-from q2real.contracts.schema import METADATA_KEY, BundleError
+from q2real.contracts.schema import METADATA_KEY, BundleError, seal
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
@@ -115,6 +115,7 @@ def _rewritten(source, target, chunk):
     entry = model.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(meta)
     onnx.save(model, str(target))
+    seal(target)
     return target
 
 

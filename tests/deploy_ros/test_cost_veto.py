@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from q2real.agents.sac_lag import SACLag
-from q2real.contracts.schema import METADATA_KEY, BundleError
+from q2real.contracts.schema import METADATA_KEY, BundleError, seal
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
@@ -77,6 +77,7 @@ def test_a_malformed_cost_critic_section_is_refused_with_its_field_named(safe_bu
     entry.value = json.dumps(meta).replace("Infinity", "1e999")
     bad = tmp_path / "bad.onnx"
     onnx.save(model, str(bad))
+    seal(bad)
     with pytest.raises(BundleError, match=field.replace(".", r"\.")):
         PolicyBundle(bad)
 
@@ -89,6 +90,7 @@ def test_a_graph_whose_outputs_disagree_with_the_metadata_is_refused(safe_bundle
     entry.value = json.dumps(meta)
     bad = tmp_path / "bad.onnx"
     onnx.save(model, str(bad))
+    seal(bad)
     with pytest.raises(BundleError, match="outputs"):
         PolicyBundle(bad)
 

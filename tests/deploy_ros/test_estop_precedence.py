@@ -1,6 +1,7 @@
 """E-stop precedence as a property: random interleavings of e-stop, release, the operator's stop,
-reset and start (as the topics and the services deliver them) and joint states between ticks, checked against the mode machine's invariants; then the race that used to lose
-e-stops (a reset and an e-stop sent back to back) over real DDS."""
+reset and start (as the topics and the services deliver them) and joint states between ticks,
+checked against the mode machine's invariants; then the race that used to lose e-stops (a reset and
+an e-stop sent back to back) over real DDS."""
 
 from __future__ import annotations
 

@@ -190,7 +190,7 @@ def _nan_weights(agent) -> None:
         ("nan", "non-finite or out-of-range commands"),
         ("parity", "parity"),
         ("robot", "metadata.robot differs"),
-        ("truncated", "onnxruntime cannot load it"),
+        ("truncated", "not an ONNX model"),
         ("probe_shape", "expected obs"),
         ("probe_nan", "non-finite values"),
         ("old", "not newer"),

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from q2real.configs.loader import ConfigError
-from q2real.contracts.schema import METADATA_KEY, BundleError
+from q2real.contracts.schema import METADATA_KEY, BundleError, seal
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig, config_from_parameters
 from q2real.safety.flags import Mode
@@ -122,6 +122,7 @@ def _rewritten(bundle, tmp_path, change) -> str:
     entry.value = json.dumps(meta)
     path = tmp_path / "edited.onnx"
     onnx.save(model, str(path))
+    seal(path)
     return str(path)
 
 

@@ -135,7 +135,7 @@ def test_the_gate_fails_a_policy_that_relies_on_what_the_shield_forbids(tmp_path
     is a third of what the policy learned to use keeps far less of its return behind the shield."""
     import onnx
 
-    from q2real.contracts.schema import METADATA_KEY
+    from q2real.contracts.schema import METADATA_KEY, seal
 
     run = tmp_path / "run"
     run.mkdir()
@@ -147,6 +147,7 @@ def test_the_gate_fails_a_policy_that_relies_on_what_the_shield_forbids(tmp_path
     meta["robot"]["effort_limits"] = [limit / 3 for limit in meta["robot"]["effort_limits"]]
     entry.value = json.dumps(meta)
     onnx.save(model, run / "policy.onnx")
+    seal(run / "policy.onnx")
     report = run_gate(run, backend="mujoco", episodes=8, only=["nominal"], progress=lambda _: None)
     shield = report["rows"][0]
     assert shield["name"] == "shield" and not shield["passed"] and shield["ratio"] < 0.9
