@@ -18,6 +18,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import yaml
@@ -58,6 +59,10 @@ class FinetuneConfig:
     threads: int = 1
     """torch CPU threads of the learner: one, so it does not slow a control loop beside it."""
     seed: int = 1
+    reward: Literal["task", "topic"] = "task"
+    """On the robot (`q2real deploy --finetune`): `task`, the task's own reward computed from what the
+    node streams (tasks with `Task.robot_reward`); `topic`, the values arriving on the node's reward
+    input (`~/reward`), for rewards the node cannot compute. Simulation uses the task's."""
     log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=1_000))
 
     def validate(self) -> None:
@@ -100,8 +105,13 @@ class HandoffEval(Callback):
 
 
 class Finetuner(Trainer):
+    on_robot = False
+    """Transitions come from a robot (the reward input exists there), not from the shifted simulator."""
+
     def __init__(self, config: FinetuneConfig, resume: Path | None = None):
         config.validate()
+        if config.reward == "topic" and not self.on_robot:
+            raise ConfigError("reward: 'topic' is the deploy node's reward input; in simulation use 'task'")
         self.finetune = config
         self.source = Path(config.run)
         self.run_config = load_run_config(self.source, CHECKPOINT)

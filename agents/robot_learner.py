@@ -5,9 +5,12 @@ competing with the control loop for cores is what costs a torch process 5x; `q2r
 finetune`). It is `Finetuner` with the robot in place of a simulator: each iteration takes the next
 transition from the node's ring (`q2real.contracts.transitions`) instead of stepping an env, so the
 replay, the critic-first warm-up, the updates, checkpoints and logs are the training loop's own. The
-reward is the task's, computed from the robot-side joint states of the tick after the action (tasks
-whose reward reads only joint states: `Task.joint_reward`); the stream is one continuing episode, cut
-into the task's episode length for the logs only (a time limit: the critic still bootstraps).
+reward is the task's, computed from what the node streamed at the tick after the action (joint
+states, the command and a tracked object's position in the observation, forward kinematics on this
+machine's model: `q2real.sim.streamed`), or with `reward=topic` the value the node received on its
+reward input before that tick (a transition without one is not learned from). The stream is one
+continuing episode, cut into the task's episode length for the logs only (a time limit: the critic
+still bootstraps).
 
 Every `publish_every` seconds after `actor_start` it exports the deterministic policy as version k of
 the bundle (`vNNNN.onnx`), with a parity probe (recent robot observations and the commands the torch
@@ -39,7 +42,7 @@ from q2real.agents.train import Trainer
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError, load
 from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing, version_name
-from q2real.sim.physics import PhysicsState
+from q2real.sim.streamed import StreamedState
 from q2real.sim.vec_env import StepResult
 
 READ_ROWS = 256
@@ -48,15 +51,27 @@ PROBE_ROWS = 64
 
 
 class RobotLearner(Finetuner):
+    on_robot = True
+
     def __init__(self, config: FinetuneConfig, directory: Path, publish_every: float, parent: int | None = None):
         self.directory, self.publish_every, self.parent = directory, publish_every, parent
         self.ring = TransitionRing(directory / RING)
         super().__init__(config)
         task = self.env.task  # pyright: ignore[reportAttributeAccessIssue]
-        if not task.joint_reward or self.ring.joints != task.spec.num_joints:
+        if self.ring.joints != task.spec.num_joints:
             raise ConfigError(
-                f"{config.run}: task {self.config.env.task}: its reward reads more than joint states, so it "
-                "cannot be computed on the robot; fine-tuning on the robot supports tasks with Task.joint_reward"
+                f"{directory / RING}: the node streams {self.ring.joints} joints, task {self.config.env.task} "
+                f"has {task.spec.num_joints}"
+            )
+        env = self.env
+        self.streamed: StreamedState | None = None
+        if task.robot_reward:
+            self.streamed = StreamedState(task, env.obs_names, env.obs_dims, env.obs_sources)
+        elif config.reward == "task":
+            raise ConfigError(
+                f"{config.run}: task {self.config.env.task}: its reward reads more than the node streams (joint "
+                "states, the command, a tracked object's position), so it cannot be computed on the robot: "
+                "send one on the node's reward input and set reward=topic"
             )
         if self.ring.obs_dim != self.env.obs_dim or self.ring.action_dim != self.env.action_dim:
             raise ConfigError(
@@ -64,9 +79,6 @@ class RobotLearner(Finetuner):
                 f"run {config.run} has obs {self.env.obs_dim} / action {self.env.action_dim}"
             )
         self.task = task
-        model = task.model
-        self._qpos0 = torch.tensor(model.qpos0, dtype=torch.float32, device=self.env.device)
-        self._nv, self._nsensor = model.nv, model.nsensordata
         self.callbacks = [c for c in self.callbacks if not isinstance(c, (EvalCallback, HandoffEval))]
         self.callbacks.append(Publisher())
         self.read_at = self.ring.head  # transitions from the moment the learner is up
@@ -112,6 +124,9 @@ class RobotLearner(Finetuner):
         self._previous, self._previous_index = rows[-1].copy(), self.read_at - 1
         before, after = rows_with_previous[:-1], rows_with_previous[1:]
         pair = (before["tick"] + 1 == after["tick"]) & (before["flags"] & RUN > 0) & (after["flags"] & RUN > 0)
+        topic = self.finetune.reward == "topic"
+        if topic:
+            pair &= np.isfinite(after["reward_in"])
         rewards = np.full(len(before), np.nan, dtype=np.float32)  # no transition starts at an unpaired row
         if pair.any():
             before, after = before[pair], after[pair]
@@ -119,24 +134,18 @@ class RobotLearner(Finetuner):
             obs = torch.from_numpy(before["obs"].astype(np.float32)).to(device)
             action = torch.from_numpy(before["action"].astype(np.float32)).to(device).clamp(-1.0, 1.0)
             next_obs = torch.from_numpy(after["obs"].astype(np.float32)).to(device)
-            physics = self._physics(after["q"], after["qd"])
-            reward = self.task.reward(physics, action)
-            terminated = self.task.terminated(physics)
+            if self.streamed is not None:  # the task's termination either way, its reward unless the topic's
+                reward, terminated = self.streamed.reward(after["q"], after["qd"], after["obs"], action)
+            else:
+                reward, terminated = torch.zeros(len(obs), device=device), torch.zeros(len(obs), dtype=torch.bool)
+            if topic:
+                reward = torch.from_numpy(after["reward_in"].astype(np.float32)).to(device)
             rewards[pair] = reward.cpu().numpy()
             for i in range(len(reward)):
                 self._pending.append(
                     (obs[i : i + 1], action[i : i + 1], reward[i : i + 1], next_obs[i : i + 1], terminated[i : i + 1])
                 )
         self.ring.write_rewards(start, rewards)
-
-    def _physics(self, q: np.ndarray, qd: np.ndarray) -> PhysicsState:
-        """The task's view of the robot after the action: its joints, the rest of the model at rest."""
-        n, device = len(q), self.env.device
-        qpos = self._qpos0.repeat(n, 1)
-        qvel = torch.zeros(n, self._nv, device=device)
-        qpos[:, self.task.qpos_index] = torch.from_numpy(q.astype(np.float32)).to(device)
-        qvel[:, self.task.qvel_index] = torch.from_numpy(qd.astype(np.float32)).to(device)
-        return PhysicsState(qpos, qvel, torch.zeros(n, self._nsensor, device=device))
 
     # --- versions --------------------------------------------------------------------------------------
     def save_actor(self, version: int) -> None:

@@ -41,6 +41,7 @@ def row_dtype(obs_dim: int, action_dim: int, joints: int) -> np.dtype:
             ("qd", np.float64, (joints,)),
             ("version", np.int32),
             ("flags", np.uint8),
+            ("reward_in", np.float32),
         ],
         align=True,
     )
@@ -90,11 +91,13 @@ class TransitionRing:
         """Rows ever written."""
         return int(self.header[_HEAD])
 
-    def append(self, tick: int, obs, action, q, qd, version: int, flags: int) -> None:
+    def append(self, tick: int, obs, action, q, qd, version: int, flags: int, reward_in: float = np.nan) -> None:
+        """`reward_in`: the reward received on the node's reward input since the tick before (NaN:
+        none), the reward of the transition that ends at this row."""
         head = int(self.header[_HEAD])
         row = self.rows[head % self.capacity]
         row["tick"], row["obs"], row["action"], row["q"], row["qd"] = tick, obs, action, q, qd
-        row["version"], row["flags"] = version, flags
+        row["version"], row["flags"], row["reward_in"] = version, flags, reward_in
         self.header[_HEAD] = head + 1
 
     def put(self, first: int, rows: np.ndarray) -> None:

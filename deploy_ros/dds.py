@@ -199,6 +199,8 @@ class DdsNode:
             (topics.stop, msg.Empty, lambda m: node.on_stop(), DEFAULT_QOS),
             (topics.task_command, msg.Float64MultiArray, lambda m: node.on_task_command(m.data), DEFAULT_QOS),
         ]
+        if node.learning is not None:
+            subscribed.append((topics.reward, msg.Float64, lambda m: node.on_reward(m.data), DEFAULT_QOS))
         for stream, topic, kind, handler in STREAMS:  # only the streams the bundle reads
             if stream in node.inputs.streams:
                 subscribed.append((getattr(topics, topic), getattr(msg, kind), getattr(node, handler), SENSOR_QOS))

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,8 @@ class FineTuning:
         self.learner: subprocess.Popen | None = None
         self.learner_alive = True
         self._announced = ""
+        self._reward_in: deque[float] = deque(maxlen=1)
+        """The newest value from the reward input (a deque: appending and taking are atomic across threads)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -134,14 +137,21 @@ class FineTuning:
         noise = np.clip(self._rng.normal(0.0, s.noise_std, action.shape), -s.noise_bound, s.noise_bound)
         return np.clip(action + noise, -1.0, 1.0)
 
+    def on_reward(self, value: float) -> None:
+        self._reward_in.append(value)
+
     def on_tick(self, tick: Tick) -> None:
+        try:  # the newest reward since the last tick: the reward of the transition ending here
+            reward_in = self._reward_in.pop()
+        except IndexError:
+            reward_in = math.nan
         if tick.position is None or tick.velocity is None:
             return
         run = tick.command.mode == Mode.RUN and tick.observation is not None
         flags = (RUN if run else 0) | (CHANGED if run and tick.command.flags & CLAMPS else 0)
         obs = tick.observation if tick.observation is not None else 0.0
         sent = np.clip(self.node.bundle.normalized(tick.values[None])[0], -1.0, 1.0)
-        self.ring.append(self.node.ticks, obs, sent, tick.position, tick.velocity, self.node.version, flags)
+        self.ring.append(self.node.ticks, obs, sent, tick.position, tick.velocity, self.node.version, flags, reward_in)
 
     # --- the learner -----------------------------------------------------------------------------------
     def start(self) -> None:

@@ -82,6 +82,12 @@ class Empty(IdlStruct, typename=_name("std_msgs/msg/Empty")):
 
 @dataclass
 @final
+class Float64(IdlStruct, typename=_name("std_msgs/msg/Float64")):
+    data: float64 = 0.0
+
+
+@dataclass
+@final
 class MultiArrayDimension(IdlStruct, typename=_name("std_msgs/msg/MultiArrayDimension")):
     label: str = ""
     size: uint32 = 0
@@ -258,6 +264,7 @@ ROS_TYPES: dict[type[IdlStruct], str] = {
     Empty: "std_msgs/msg/Empty",
     UInt32: "std_msgs/msg/UInt32",
     String: "std_msgs/msg/String",
+    Float64: "std_msgs/msg/Float64",
     MultiArrayDimension: "std_msgs/msg/MultiArrayDimension",
     MultiArrayLayout: "std_msgs/msg/MultiArrayLayout",
     Float64MultiArray: "std_msgs/msg/Float64MultiArray",

@@ -55,6 +55,8 @@ from q2real.safety.output import Output
 from q2real.safety.shield import Command
 
 REFUSAL_CHARS = 300
+MAX_REWARD = 1e6
+"""Largest magnitude a reward from the reward input may have: beyond it, a sender's fault, not a reward."""
 """Longest refusal reason kept for diagnostics: a hostile message must not be republished whole."""
 
 
@@ -98,6 +100,8 @@ class OnRobotLearning(Protocol):
     def explore(self, action: np.ndarray) -> np.ndarray: ...
 
     def on_tick(self, tick: Tick) -> None: ...
+
+    def on_reward(self, value: float) -> None: ...
 
 
 class PolicyNode:
@@ -268,6 +272,18 @@ class PolicyNode:
     def _refuse(self, reason: str) -> None:
         self.refused[reason.split(":")[0]] += 1
         self.last_refusal = reason[:REFUSAL_CHARS]
+
+    def on_reward(self, value: float) -> str | None:
+        """A reward from the reward input, for on-robot learning; returns why it was refused, or None."""
+        if self.learning is None:
+            reason = "reward: no on-robot learning runs on this node"
+        elif not abs(value) <= MAX_REWARD:
+            reason = f"reward: {value!r}: expected a finite number within +-{MAX_REWARD:g}"
+        else:
+            self.learning.on_reward(value)
+            return None
+        self._refuse(reason)
+        return reason
 
     def on_estop(self, engaged: bool, reason: str = "e-stop message") -> None:
         """`True` latches ESTOP at the next tick, which comes at once; `False` (a released button)

@@ -45,6 +45,10 @@ class TopicConfig:
     mode: str = "~/mode"
     """std_msgs/String, latched (transient local): the shield's mode, published on every change."""
     task_command: str = "~/command"
+    reward: str = "~/reward"
+    """std_msgs/Float64, read while fine-tuning: a reward the node cannot compute (a scale, a vision
+    system, an operator's score), for the learner's `reward=topic`; each value is the reward of the
+    transition that ends at the next tick."""
     imu: str = "/imu/data"
     """sensor_msgs/Imu of the base, for policies that observe gravity or the base's angular velocity."""
     cmd_vel: str = "/cmd_vel"
@@ -56,7 +60,7 @@ class TopicConfig:
     def validate(self, command: str) -> None:
         """Every name valid, and no two roles on one topic (an e-stop topic that is also the joint
         states or the command topic would be fed by the wrong writer)."""
-        keys = ("joint_states", "estop", "reset", "start", "stop", "mode", "task_command", "imu", "cmd_vel")
+        keys = ("joint_states", "estop", "reset", "start", "stop", "mode", "task_command", "reward", "imu", "cmd_vel")
         keys += ("object_pose", "diagnostics")
         roles = {key: getattr(self, key) for key in keys}
         roles["command"] = command

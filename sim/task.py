@@ -53,10 +53,11 @@ class Task(ABC):
     tracked_object: str | None = None
     """The body (with a free joint) whose pose a tracker reports on a robot (`object_pose`)."""
     native_only: bool = False
-    joint_reward: bool = False
-    """Reward and termination read only the actuated joints' positions and velocities (and the action),
-    so a learner on the robot can compute them from its joint states (`q2real.agents.robot_learner`)."""
     """The robot's model needs MuJoCo features MJX lacks (e.g. the RK4 integrator): native backend only."""
+    robot_reward: bool = False
+    """Reward and termination read only what the deploy node streams: the actuated joints' positions
+    and velocities, the command, the tracked object's position, sensors that forward kinematics gives
+    (and the action), so a learner on the robot computes them (`q2real.sim.streamed`)."""
 
     @classmethod
     def scene(cls, mjspec: mujoco.MjSpec) -> None:

@@ -55,6 +55,7 @@ class ArmPush(Task):
     config: ArmPushConfig
     command_dim = 2
     tracked_object = "cube"
+    robot_reward = True
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmPushConfig, device: torch.device):
         super().__init__(spec, model, config, device)

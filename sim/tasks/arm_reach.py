@@ -71,6 +71,7 @@ class ArmReach(Task):
     Config = ArmReachConfig
     config: ArmReachConfig
     command_dim = 3
+    robot_reward = True
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmReachConfig, device: torch.device):
         super().__init__(spec, model, config, device)

@@ -28,7 +28,7 @@ class PendulumConfig(TaskConfig):
 class PendulumSwingup(Task):
     robot = "pendulum"
     Config = PendulumConfig
-    joint_reward = True
+    robot_reward = True
     config: PendulumConfig
 
     def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -367,3 +367,32 @@ def test_a_failed_start_leaves_no_session_directory_of_its_own(tmp_path: Path, m
     with pytest.raises(ConfigError, match="nope"):
         deploy(FIXTURE_RUN / "policy.onnx", config, sim=True, duration=5.0, status_every=None)
     assert not list(tmp_path.glob("finetune-*")), "a failed start left its session directory behind"
+
+
+def test_a_reward_on_the_reward_input_is_stamped_onto_the_next_tick(tuning: FineTuning) -> None:
+    """The newest value since the tick before goes into this tick's row (the reward of the transition
+    that ends here); a tick without one carries NaN, which the learner does not learn from."""
+    node, ring = tuning.node, tuning.ring
+    first = ring.head
+    for i, rewards in enumerate([[0.5], [], [0.1, 0.7], []]):
+        for value in rewards:
+            assert node.on_reward(value) is None
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=200.0 + i * 0.02)
+        node.write(lambda tick: None, node.tick(200.0 + i * 0.02))
+    stamped = ring.rows[np.arange(first, ring.head) % ring.capacity]["reward_in"]
+    assert np.array_equal(stamped, np.float32([0.5, np.nan, 0.7, np.nan]), equal_nan=True)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e308, -2e6])
+def test_a_reward_that_is_not_a_reward_is_refused_and_counted(tuning: FineTuning, value: float) -> None:
+    node = tuning.node
+    reason = node.on_reward(value)
+    assert reason is not None and reason.startswith("reward: ") and node.refused["reward"] == 1
+    node.on_joint_state(["hinge"], [0.1], [0.0], [], received=300.0)
+    node.write(lambda tick: None, node.tick(300.0))
+    assert math.isnan(tuning.ring.rows[(tuning.ring.head - 1) % tuning.ring.capacity]["reward_in"])
+
+
+def test_a_node_without_on_robot_learning_refuses_rewards(pendulum_bundle: Path) -> None:
+    node = PolicyNode(pendulum_bundle)
+    assert node.on_reward(1.0) == "reward: no on-robot learning runs on this node"

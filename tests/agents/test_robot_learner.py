@@ -1,0 +1,89 @@
+"""The learner beside the node turns the node's rows into transitions: the task's reward rebuilt from
+the stream (arms included), or the values of the node's reward input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from q2real.agents.finetune import FinetuneConfig, Finetuner
+from q2real.agents.robot_learner import RobotLearner
+from q2real.agents.train import train
+from q2real.configs.loader import ConfigError, load
+from q2real.contracts.transitions import RING, RUN, TransitionRing
+from q2real.sim import make
+from tests.conftest import FIXTURE_RUN
+
+
+def _learner(tmp_path: Path, run: Path, ring_dims: tuple[int, int, int], *overrides: str) -> RobotLearner:
+    ring = tmp_path / "ft"
+    ring.mkdir()
+    TransitionRing(ring / RING, 4096, *ring_dims, create=True)
+    settings = [f"run={run}", f"log.root={tmp_path / 'runs'}", "log.tensorboard=false", "eval_every=0", "eval_envs=1"]
+    return RobotLearner(load(FinetuneConfig, None, [*settings, *overrides]), ring, publish_every=60.0)
+
+
+def _pending_rewards(learner: RobotLearner) -> list[float]:
+    return [float(entry[2]) for entry in learner._pending]
+
+
+def test_with_reward_topic_the_inputs_values_are_the_rewards_and_rows_without_one_are_skipped(tmp_path: Path) -> None:
+    learner = _learner(tmp_path, FIXTURE_RUN, (3, 1, 1), "reward=topic")
+    ring = learner.ring
+    rewards_in = [np.nan, 0.25, np.nan, -1.5, 2.0]  # row k's value: the reward of the transition k-1 -> k
+    for tick, value in enumerate(rewards_in):
+        ring.append(tick, np.full(3, 0.1 * tick), np.array([0.5]), np.array([0.1]), np.array([0.0]), 0, RUN, value)
+    learner._fill()
+    assert _pending_rewards(learner) == [0.25, -1.5, 2.0]
+    written, _, rewarded = ring.rewards_since(0)
+    assert rewarded == 4 and np.array_equal(written, np.float32([0.25, np.nan, -1.5, 2.0]), equal_nan=True)
+    obs, _, _, next_obs, _ = learner._pending[1]
+    assert torch.allclose(obs, torch.full((1, 3), 0.2)) and torch.allclose(next_obs, torch.full((1, 3), 0.3))
+    learner.env.close()
+    learner.eval_env.close()
+
+
+def test_reward_topic_is_refused_in_simulation() -> None:
+    with pytest.raises(ConfigError, match="reward: 'topic' is the deploy node's reward input"):
+        Finetuner(load(FinetuneConfig, None, [f"run={FIXTURE_RUN}", "reward=topic"]))
+
+
+@pytest.fixture(scope="module")
+def reach_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A panda_reach SAC run of a few hundred steps: what matters is its task, not its skill."""
+    root = tmp_path_factory.mktemp("reach")
+    overrides = [
+        "env.task=panda_reach", "env.num_envs=2", "total_steps=100", "warmup_steps=100", "eval_every=0",
+        "eval_envs=1", "sac.actor_hidden=[16]", "sac.critic_hidden=[16]", f"log.root={root}", "log.name=run",
+        "log.tensorboard=false",
+    ]  # fmt: skip
+    from q2real.agents.config import TrainConfig
+
+    train(load(TrainConfig, None, overrides))
+    return root / "run"
+
+
+@pytest.mark.slow  # trains a tiny panda_reach run and builds its fine-tuning learner: about 10 s
+def test_an_arm_is_fine_tuned_on_the_task_reward_rebuilt_from_the_stream(tmp_path: Path, reach_run: Path) -> None:
+    """Rows as the node writes them for the sim arm (joint states, the observation with its target):
+    the learner's rewards are the simulator's for the same states."""
+    env = make(task="panda_reach", num_envs=1, device="cpu", backend="mujoco")
+    learner = _learner(tmp_path, reach_run, (env.obs_dim, env.action_dim, 7))
+    obs, ring, expected = env.reset(seed=5), learner.ring, []
+    gen = torch.Generator().manual_seed(1)
+    for tick in range(12):
+        action = torch.rand(1, env.action_dim, generator=gen) * 2 - 1
+        task = env.task
+        q, qd = env.physics.qpos[0, task.qpos_index].numpy(), env.physics.qvel[0, task.qvel_index].numpy()
+        ring.append(tick, obs[0].numpy(), action[0].numpy(), q, qd, 0, RUN)
+        result = env.step(action)
+        obs = result.next_obs
+        expected.append(float(result.reward[0]))
+    learner._fill()
+    assert np.allclose(_pending_rewards(learner), expected[:-1], atol=2e-3)  # 11 pairs of consecutive rows
+    env.close()
+    learner.env.close()
+    learner.eval_env.close()
