@@ -28,6 +28,7 @@ from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
 from q2real.agents.common.run_dir import LogConfig, write_atomic
 from q2real.agents.config import TrainConfig, load_run_config
+from q2real.agents.jobs import job_kind
 from q2real.agents.learners import check_agent_checkpoint
 from q2real.agents.train import Trainer
 from q2real.configs.loader import ConfigError, load, to_dict
@@ -114,6 +115,11 @@ class Finetuner(Trainer):
             raise ConfigError("reward: 'topic' is the deploy node's reward input; in simulation use 'task'")
         self.finetune = config
         self.source = Path(config.run)
+        if (self.source / "config.yaml").is_file() and (kind := job_kind(str(self.source / "config.yaml"), [])) != "rl":
+            raise ConfigError(
+                f"run: {config.run} is a {kind} run; fine-tuning continues an off-policy RL run (sac, td3, flashsac, "
+                "sac_lag, coxq, ddpg)"
+            )
         self.run_config = load_run_config(self.source, CHECKPOINT)
         super().__init__(handoff_config(config, self.run_config), [HandoffEval()], resume=resume)
         write_atomic(self.path / FINETUNE_CONFIG, yaml.safe_dump(to_dict(config), sort_keys=False))

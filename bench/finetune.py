@@ -1,10 +1,20 @@
 """A nominally trained bundle on the sim robot, a dynamics shift, and fine-tuning on the robot's stream.
 
-The committed pendulum run (`tests/fixtures/pendulum_run`, SAC trained on nominal dynamics) is
-deployed with `q2real deploy --sim` on the sim robot, in real time over DDS loopback (50 Hz). The
-robot is knocked to a random angle every 10 s (the same seeded sequence in every run, so each 10 s is
-one swing-up episode), and `--shift-at` seconds after its first command its actuator loses half its
-gain (`actuator_gain_scale=0.5`). Three runs of the same length:
+Per task (`--task`, results merged into one file):
+
+- `pendulum`: the committed pendulum run (`tests/fixtures/pendulum_run`, SAC trained on nominal
+  dynamics). The robot is knocked to a random angle every 10 s (the same seeded sequence in every
+  run, so each 10 s is one swing-up episode), and `--shift-at` seconds after its first command its
+  actuator loses half its gain (`actuator_gain_scale=0.5`).
+- `panda_reach`: the committed reach run (`bench/results/finetune/panda_reach_run`, the
+  `sac_panda_reach` preset: randomized dynamics with payloads up to the rated 3 kg), reaching for
+  the task's own targets, a new one every 2 s episode (`--task-commands`), its joints reset near the
+  home pose between episodes; at `--shift-at`, 8 kg hang on its last link (`payload=8`), beyond the
+  range it trained on. Its reward is computed by the learner from the stream: forward kinematics on
+  the joint states, the target from the observation (`q2real.sim.streamed`).
+
+Each is deployed with `q2real deploy --sim` on the sim robot, in real time over DDS loopback
+(50 Hz). Three runs of the same length:
 
   frozen      the bundle as deployed, no noise; the learner process runs but never moves the actor
               (it only scores the ticks: the reward is computed the same way in both runs)
@@ -13,15 +23,17 @@ gain (`actuator_gain_scale=0.5`). Three runs of the same length:
               each judged over 1500 ticks against the 1500 before
   no learner  plain deploy, for the node's tick latency without a learner beside it (shorter)
 
-On the robot, return is the mean reward per tick over 10 s windows times 500 (one episode), with
-the exploration noise in it. Every version the node swapped in is also evaluated offline, without
+On the robot, return is the mean reward per tick over one episode's window (10 s, 2 s) times its
+ticks, with the exploration noise in it. Every version the node swapped in is also evaluated offline, without
 noise, on 32 seeded episodes of the shifted simulator. Headline keys: `recovered_return_ratio` (the
 node's last good version, offline on the shifted dynamics ÷ the deployed bundle offline on nominal
 dynamics: the pre-shift level), beside `frozen_return_ratio` (the deployed bundle on the shifted
 dynamics ÷ the same), and `tick_p99_ratio_with_learner` (the fine-tuned run's tick latency p99 ÷ the
 no-learner run's), with `loop_deadline_miss_fraction_with_learner`.
-Prints a table, writes bench/results/finetune.json and finetune.png (both views),
-and prints the headline JSON as its last line. About 2 x `--duration` + 60 s + 2 s per version.
+Prints a table, writes bench/results/finetune.json (pendulum's headline at the top level, as before;
+every task's under `tasks.<task>`, and `<task>_recovered_return_ratio` / `<task>_frozen_return_ratio`
+beside it) and finetune.png (pendulum) or finetune_<task>.png, and prints the headline JSON as its
+last line. About 2 x `--duration` + 60 s + 2 s per version.
 """
 
 from __future__ import annotations
@@ -41,27 +53,57 @@ from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NodeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_DIR = ROOT / "tests" / "fixtures" / "pendulum_run"
 RESULTS = Path(__file__).resolve().parent / "results"
 PERIOD = 0.02
-EPISODE = 10.0
-"""Seconds between two resets of the sim robot: one episode of the pendulum task (500 ticks)."""
-SHIFT = "actuator_gain_scale=0.5"
 
 
-def run(kind: str, duration: float, shift_at: float, root: Path, noise: tuple[float, float]) -> dict:
-    directory = root / kind
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    run_dir: Path
+    shift: str
+    """The sim robot's dynamics shift (`--shift`), also applied offline..."""
+    shifted: dict
+    """...as these randomization fields."""
+    episode: float
+    """Seconds between two resets of the sim robot: one episode of the task."""
+    sim: tuple[str, ...]
+    """More sim robot options: the reset spread, the task's commands."""
+    title: str
+
+
+TASKS = {
+    "pendulum": Bench(
+        ROOT / "tests" / "fixtures" / "pendulum_run",
+        "actuator_gain_scale=0.5",
+        {"actuator_gain_scale": (0.5, 0.5)},
+        10.0,
+        ("--reset-spread", "3.14159"),
+        "pendulum on the sim robot: nominal bundle, then half the actuator gain (dashed)",
+    ),
+    "panda_reach": Bench(
+        RESULTS / "finetune" / "panda_reach_run",
+        "payload=8",
+        {"payload": (8.0, 8.0)},
+        2.0,
+        ("--reset-spread", "0.1", "--task", "panda_reach", "--task-commands"),
+        "panda_reach on the sim robot: rated payloads in training, then 8 kg on the wrist (dashed)",
+    ),
+}
+
+
+def run(bench: Bench, kind: str, duration: float, shift_at: float, root: Path, noise: tuple[float, float]) -> dict:
+    directory, run_dir, episode = root / kind, bench.run_dir, bench.episode
     overrides = ["autostart=true"]
     if kind != "no learner":
-        overrides += [f"finetune.run={RUN_DIR}", f"finetune.directory={directory}"]
+        overrides += [f"finetune.run={run_dir}", f"finetune.directory={directory}"]
     if kind == "frozen":
         overrides += ["finetune.noise_std=0", "finetune.learner=[actor_start=1000000000]"]
     if kind == "fine-tuned":
         overrides += [f"finetune.noise_std={noise[0]}", f"finetune.noise_bound={noise[1]}"]
     config = load(NodeConfig, None, overrides)
-    shift = ["--shift", SHIFT, "--shift-at", str(shift_at), "--reset-every", str(EPISODE), "--reset-spread", "3.14159"]
+    shift = ["--shift", bench.shift, "--shift-at", str(shift_at), "--reset-every", str(episode), *bench.sim]
     began = time.monotonic()
-    summary = deploy(RUN_DIR / "policy.onnx", config, sim=True, duration=duration, status_every=None, sim_extra=shift)
+    summary = deploy(run_dir / "policy.onnx", config, sim=True, duration=duration, status_every=None, sim_extra=shift)
     row = {"kind": kind, "wall_s": time.monotonic() - began, "ticks": summary.ticks}
     row |= {"p50_ms": summary.latency_p50_ms, "p99_ms": summary.latency_p99_ms}
     row |= {
@@ -78,34 +120,35 @@ def run(kind: str, duration: float, shift_at: float, root: Path, noise: tuple[fl
     # Tick 0 of the ring is the first joint state, within a tick of the first command: the sim robot's
     # clock for its resets and the shift.
     seconds = (rows["tick"] - rows["tick"][0]) * PERIOD
-    edges = np.arange(0.0, seconds.max(), EPISODE)
+    edges = np.arange(0.0, seconds.max(), episode)
     curve = []
     for start in edges:
-        inside = running & (seconds >= start) & (seconds < start + EPISODE) & np.isfinite(rewards)
-        if inside.sum() > 0.8 * EPISODE / PERIOD:
-            curve.append((float(start), float(rewards[inside].mean() * EPISODE / PERIOD)))
+        inside = running & (seconds >= start) & (seconds < start + episode) & np.isfinite(rewards)
+        if inside.sum() > 0.8 * episode / PERIOD:
+            curve.append((float(start), float(rewards[inside].mean() * episode / PERIOD)))
     row["curve"] = curve
     row["finetune"] = summary.finetune
     return row
 
 
-def window_return(curve: list[tuple[float, float]], start: float, end: float) -> float:
-    values = [r for t, r in curve if start <= t and t + EPISODE <= end]
+def window_return(curve: list[tuple[float, float]], start: float, end: float, episode: float) -> float:
+    values = [r for t, r in curve if start <= t and t + episode <= end]
     return float(np.mean(values)) if values else float("nan")
 
 
-def offline(bundle: Path, shifted: bool, episodes: int = 32) -> float:
-    """Mean return of `bundle` on 32 seeded episodes of the simulator, nominal or shifted."""
+def offline(bench: Bench, bundle: Path, shifted: bool, episodes: int = 32) -> float:
+    """Mean return of `bundle` on 32 seeded episodes of the simulator: the run's env without its
+    training randomization, nominal or with the bench's shift."""
     import torch
 
     from q2real.agents.callbacks import evaluate
     from q2real.agents.config import load_run_config
     from q2real.deploy_ros.bundle import PolicyBundle
     from q2real.sim import make
+    from q2real.sim.randomization import RandomizationConfig
 
-    config = load_run_config(RUN_DIR)
-    gain = (0.5, 0.5) if shifted else (1.0, 1.0)
-    dynamics = dataclasses.replace(config.env.randomization, actuator_gain_scale=gain)
+    config = load_run_config(bench.run_dir)
+    dynamics = RandomizationConfig(**bench.shifted) if shifted else RandomizationConfig()
     env = make(dataclasses.replace(config.env, num_envs=episodes, device="cpu", seed=777, randomization=dynamics))
     runner = PolicyBundle(bundle)
     try:
@@ -115,7 +158,7 @@ def offline(bundle: Path, shifted: bool, episodes: int = 32) -> float:
     return float(returns.mean())
 
 
-def version_returns(row: dict, directory: Path) -> list[dict]:
+def version_returns(bench: Bench, row: dict, directory: Path) -> list[dict]:
     """Every version the node swapped in, with when (robot s), its verdict and its offline shifted return."""
     events = row["finetune"]["events"]
     kept = {e["version"] for e in events if e["event"] == "accepted"}
@@ -128,12 +171,17 @@ def version_returns(row: dict, directory: Path) -> list[dict]:
         verdict = "kept" if version in kept else "rolled back" if version in rolled else "on trial at the end"
         bundle = directory / f"v{version:04d}.onnx"
         found.append(
-            {"version": version, "seconds": event["tick"] * PERIOD, "verdict": verdict, "return": offline(bundle, True)}
+            {
+                "version": version,
+                "seconds": event["tick"] * PERIOD,
+                "verdict": verdict,
+                "return": offline(bench, bundle, True),
+            }
         )
     return found
 
 
-def plot(rows: dict[str, dict], shift_at: float, levels: dict[str, float], path: Path) -> None:
+def plot(bench: Bench, rows: dict[str, dict], shift_at: float, levels: dict[str, float], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,9 +190,9 @@ def plot(rows: dict[str, dict], shift_at: float, levels: dict[str, float], path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     for kind, color in (("frozen", "tab:gray"), ("fine-tuned", "tab:blue")):
         t, r = zip(*rows[kind]["curve"], strict=True)
-        top.plot(np.array(t) + EPISODE / 2, r, marker="o", ms=3, color=color, label=kind)
-    top.set_ylabel("return per 10 s episode\n(on the robot, with noise)")
-    top.set_title("pendulum on the sim robot: nominal bundle, then half the actuator gain (dashed)")
+        top.plot(np.array(t) + bench.episode / 2, r, marker="o", ms=3, color=color, label=kind)
+    top.set_ylabel(f"return per {bench.episode:g} s episode\n(on the robot, with noise)")
+    top.set_title(bench.title)
     versions = rows["fine-tuned"]["versions"]
     for verdict, marker, color in (
         ("kept", "o", "tab:blue"),
@@ -169,32 +217,38 @@ def plot(rows: dict[str, dict], shift_at: float, levels: dict[str, float], path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="pendulum")
     parser.add_argument("--duration", type=float, default=330.0, help="seconds per run (real time)")
     parser.add_argument("--shift-at", type=float, default=40.0, help="seconds after the first command")
     parser.add_argument("--tail", type=float, default=60.0, help="seconds at the end the stream return is taken")
     parser.add_argument("--noise", type=float, nargs=2, default=(0.3, 0.5), metavar=("STD", "BOUND"))
     args = parser.parse_args()
+    bench = TASKS[args.task]
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind, duration in (("no learner", 60.0), ("frozen", args.duration), ("fine-tuned", args.duration)):
-            print(f"{kind}: {duration:g} s on the sim robot ...", flush=True)
-            rows[kind] = run(kind, duration, args.shift_at, Path(tmp), tuple(args.noise))
+            print(f"{args.task}, {kind}: {duration:g} s on the sim robot ...", flush=True)
+            rows[kind] = run(bench, kind, duration, args.shift_at, Path(tmp), tuple(args.noise))
         tuned = rows["fine-tuned"]
-        tuned["versions"] = version_returns(tuned, Path(tmp) / "fine-tuned")
+        tuned["versions"] = version_returns(bench, tuned, Path(tmp) / "fine-tuned")
         good = Path(tmp) / "fine-tuned" / f"v{tuned['finetune']['good_version']:04d}.onnx"
-        deployed = RUN_DIR / "policy.onnx"
-        levels = {"nominal": offline(deployed, False), "frozen": offline(deployed, True), "good": offline(good, True)}
+        deployed = bench.run_dir / "policy.onnx"
+        levels = {
+            "nominal": offline(bench, deployed, False),
+            "frozen": offline(bench, deployed, True),
+            "good": offline(bench, good, True),
+        }
     end = args.duration
     for kind in ("frozen", "fine-tuned"):
         curve = rows[kind]["curve"]
         # The first window holds the ramp to the default pose and is left out.
         rows[kind] |= {
-            "pre_shift_return": window_return(curve, 0.0, args.shift_at),
-            "tail_return": window_return(curve, end - args.tail, end),
+            "pre_shift_return": window_return(curve, 0.0, args.shift_at, bench.episode),
+            "tail_return": window_return(curve, end - args.tail, end, bench.episode),
         }
     finetune = tuned["finetune"]
     print(f"\n{'run':<12}{'pre-shift':>11}{'last ' + str(int(args.tail)) + ' s':>10}{'p50 ms':>8}{'p99 ms':>8}"
-          f"{'misses':>8}   (returns per 10 s episode on the robot, exploration noise included)")  # fmt: skip
+          f"{'misses':>8}   (returns per {bench.episode:g} s episode on the robot, noise included)")  # fmt: skip
     for kind, row in rows.items():
         cells = f"{row['pre_shift_return']:>11.1f}{row['tail_return']:>10.1f}" if kind != "no learner" else " " * 21
         print(f"{kind:<12}{cells}{row['p50_ms']:>8.3f}{row['p99_ms']:>8.3f}{row['loop_misses']:>8}")
@@ -213,7 +267,7 @@ def main() -> None:
         f"{finetune['rollbacks']} rolled back, {finetune['refused']} refused; robot time after the shift "
         f"{end - args.shift_at:g} s"
     )
-    headline = {
+    figures = {
         "recovered_return_ratio": levels["good"] / levels["nominal"],
         "frozen_return_ratio": levels["frozen"] / levels["nominal"],
         "best_version_return_ratio": max((v["return"] for v in tuned["versions"]), default=float("nan"))
@@ -230,10 +284,24 @@ def main() -> None:
         "rollbacks": finetune["rollbacks"],
     }
     RESULTS.mkdir(exist_ok=True)
-    for row in rows.values():
-        row.pop("final_bundle", None)
-    (RESULTS / "finetune.json").write_text(json.dumps(headline | {"levels": levels, "runs": rows}, indent=2))
-    plot(rows, args.shift_at, levels, RESULTS / "finetune.png")
+    path = RESULTS / "finetune.json"
+    merged = json.loads(path.read_text()) if path.is_file() else {}
+    tasks = merged.pop("tasks", {})
+    if not tasks and "levels" in merged:  # written before the bench took --task: pendulum's
+        tasks["pendulum"] = merged
+    tasks[args.task] = figures | {"levels": levels, "runs": rows}
+    headline = {k: v for k, v in tasks.get("pendulum", {}).items() if k not in ("levels", "runs")}
+    for task, result in tasks.items():
+        if task != "pendulum":
+            headline |= {f"{task}_{key}": result[key] for key in ("recovered_return_ratio", "frozen_return_ratio")}
+    path.write_text(json.dumps(headline | {"tasks": tasks}, indent=2))
+    plot(
+        bench,
+        rows,
+        args.shift_at,
+        levels,
+        RESULTS / ("finetune.png" if args.task == "pendulum" else f"finetune_{args.task}.png"),
+    )
     print(json.dumps(headline))
 
 

@@ -87,3 +87,10 @@ def test_an_arm_is_fine_tuned_on_the_task_reward_rebuilt_from_the_stream(tmp_pat
     env.close()
     learner.env.close()
     learner.eval_env.close()
+
+
+@pytest.mark.parametrize("text, kind", [("algo: bc\n", "bc"), ("algo: sac\nresidual:\n  base: runs/bc\n", "residual")])
+def test_a_run_of_another_kind_is_refused_naming_its_kind(tmp_path: Path, text: str, kind: str) -> None:
+    (tmp_path / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=rf"is a {kind} run; fine-tuning continues an off-policy RL run"):
+        Finetuner(load(FinetuneConfig, None, [f"run={tmp_path}"]))
