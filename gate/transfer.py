@@ -239,17 +239,20 @@ def run_gate(
     seed: int = 54321,
     only: list[str] | None = None,
     ros: bool = False,
-    ros_episodes: int = ROS_EPISODES,
+    ros_episodes: int | None = None,
     threshold: float = THRESHOLD,
     progress=print,
 ) -> dict:
-    """Evaluate the run's bundle on every row; writes RUN_DIR/transfer.json and transfer.png."""
+    """Evaluate the run's bundle on every row; writes RUN_DIR/transfer.json and transfer.png.
+    `ros_episodes`: episodes through the node (None: `ROS_EPISODES`, or `episodes` if fewer)."""
     run_dir = Path(run_dir)
     env_config = run_env_config(run_dir)  # any run kind: off-policy, BC, residual
     if ":" in env_config.task:
         raise GateError(f"{run_dir}: env.task '{env_config.task}': the gate needs a q2real task, not an adapter")
     if not 0 < threshold <= 1:
         raise GateError(f"threshold: expected a ratio in (0, 1], got {threshold}")
+    if ros_episodes is None:
+        ros_episodes = min(ROS_EPISODES, episodes)
     if ros and not 1 <= ros_episodes <= episodes:
         raise GateError(f"ros_episodes: expected 1 to episodes ({episodes}), got {ros_episodes}")
     bundle_path = run_dir / "policy.onnx"

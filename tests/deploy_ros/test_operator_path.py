@@ -39,7 +39,7 @@ def test_the_operators_path_from_demonstrations_to_a_fine_tuned_arm(tmp_path: Pa
     # The gate, its ROS row through the node with the task's targets on ~/command.
     assert main(["transfer", str(residual), "--episodes", "4", "--only", "nominal", "--ros"]) in (0, 1)
     report = json.loads((residual / "transfer.json").read_text())
-    assert {row["name"] for row in report["rows"]} >= {"nominal", "ros"}, report["rows"]
+    assert {row["name"] for row in report["rows"]} >= {"nominal", "via ROS 2 node"}, report["rows"]
     assert main(["export", str(residual)]) == 0
     bundle = residual / "policy.onnx"
 
@@ -90,9 +90,9 @@ def test_the_operators_path_from_demonstrations_to_a_fine_tuned_arm(tmp_path: Pa
     assert main(["export", str(sac)]) == 0
     directory = tmp_path / "finetune"
     settings = [f"finetune.directory={directory}", "autostart=true", "shield.ramp_time=0.5"]
-    settings += ["finetune.learner=[warmup_steps=50,actor_start=100,eval_every=0]"]
-    command = ["deploy", str(sac / "policy.onnx"), "--sim", "--finetune", str(sac), "--duration", "20"]
-    command += ["--shift", "payload=[8,8]", "--command", *TARGET, *settings]
+    settings += ["finetune.learner=[warmup_steps=50,actor_start=100]"]
+    command = ["deploy", str(sac / "policy.onnx"), *settings, "--sim", "--finetune", str(sac), "--duration", "20"]
+    command += ["--shift", "payload=8", "--command", *TARGET]
     assert main(command) == 0
     ring = TransitionRing(directory / RING)
     rows, _ = ring.read(0)
