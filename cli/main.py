@@ -551,7 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--seed", type=int, default=54321)
     gate.add_argument("--only", nargs="+", metavar="ROW", help="evaluate only these rows (e.g. nominal payload)")
     gate.add_argument("--ros", action="store_true", help="also run the bundle through the ROS 2 node and sim robot")
-    gate.add_argument("--ros-episodes", type=int, help="episodes through the node, real time each (default 8, at most --episodes)")
+    gate.add_argument(
+        "--ros-episodes", type=int, help="episodes through the node, real time each (default 8, at most --episodes)"
+    )
     gate.add_argument("--threshold", type=float, help="lowest ratio interval bound a row may have (default 0.9)")
     gate.set_defaults(func=_transfer)
     demos = command("demos", help="demonstrations: record (scripted expert or bundle), import robomimic, inspect")
