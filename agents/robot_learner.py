@@ -132,10 +132,16 @@ class RobotLearner(Finetuner):
             before, after = before[pair], after[pair]
             device = self.env.device  # one copy per batch of rows: the robot's data arrive on the host
             obs = torch.from_numpy(before["obs"].astype(np.float32)).to(device)
-            action = torch.from_numpy(before["action"].astype(np.float32)).to(device).clamp(-1.0, 1.0)
+            sent = torch.from_numpy(before["action"].astype(np.float32)).to(device).clamp(-1.0, 1.0)
+            wanted = torch.from_numpy(before["wanted"].astype(np.float32)).to(device).clamp(-1.0, 1.0)
+            # As the run was trained: with the clamps in its env the policy's own action is the
+            # transition's, the shield part of the dynamics, and its changes are charged.
+            action = wanted if self.env.shield_in_loop else sent
             next_obs = torch.from_numpy(after["obs"].astype(np.float32)).to(device)
             if self.streamed is not None:  # the task's termination either way, its reward unless the topic's
-                reward, terminated = self.streamed.reward(after["q"], after["qd"], after["obs"], action)
+                reward, terminated = self.streamed.reward(after["q"], after["qd"], after["obs"], sent)
+                if self.env.shield_in_loop:
+                    reward = reward - self.run_config.env.shield_penalty * (wanted - sent).abs().mean(-1)
             else:
                 reward, terminated = torch.zeros(len(obs), device=device), torch.zeros(len(obs), dtype=torch.bool)
             if topic:

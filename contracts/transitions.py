@@ -37,6 +37,7 @@ def row_dtype(obs_dim: int, action_dim: int, joints: int) -> np.dtype:
             ("tick", np.int64),
             ("obs", np.float32, (obs_dim,)),
             ("action", np.float32, (action_dim,)),
+            ("wanted", np.float32, (action_dim,)),
             ("q", np.float64, (joints,)),
             ("qd", np.float64, (joints,)),
             ("version", np.int32),
@@ -91,12 +92,17 @@ class TransitionRing:
         """Rows ever written."""
         return int(self.header[_HEAD])
 
-    def append(self, tick: int, obs, action, q, qd, version: int, flags: int, reward_in: float = np.nan) -> None:
-        """`reward_in`: the reward received on the node's reward input since the tick before (NaN:
-        none), the reward of the transition that ends at this row."""
+    def append(
+        self, tick: int, obs, action, q, qd, version: int, flags: int, reward_in: float = np.nan, wanted=None
+    ) -> None:
+        """`action`: what the shield let through, in action units; `wanted`: what the policy (with its
+        exploration) asked for, before the shield (None: the same). `reward_in`: the reward received
+        on the node's reward input since the tick before (NaN: none), the reward of the transition
+        that ends at this row."""
         head = int(self.header[_HEAD])
         row = self.rows[head % self.capacity]
         row["tick"], row["obs"], row["action"], row["q"], row["qd"] = tick, obs, action, q, qd
+        row["wanted"] = action if wanted is None else wanted
         row["version"], row["flags"], row["reward_in"] = version, flags, reward_in
         self.header[_HEAD] = head + 1
 

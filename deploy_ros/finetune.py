@@ -151,7 +151,10 @@ class FineTuning:
         flags = (RUN if run else 0) | (CHANGED if run and tick.command.flags & CLAMPS else 0)
         obs = tick.observation if tick.observation is not None else 0.0
         sent = np.clip(self.node.bundle.normalized(tick.values[None])[0], -1.0, 1.0)
-        self.ring.append(self.node.ticks, obs, sent, tick.position, tick.velocity, self.node.version, flags, reward_in)
+        raw = tick.raw_action
+        wanted = np.clip(raw, -1.0, 1.0) if run and raw is not None and np.isfinite(raw).all() else sent
+        ring, version = self.ring, self.node.version
+        ring.append(self.node.ticks, obs, sent, tick.position, tick.velocity, version, flags, reward_in, wanted)
 
     # --- the learner -----------------------------------------------------------------------------------
     def start(self) -> None:

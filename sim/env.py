@@ -82,6 +82,7 @@ class TaskEnv(VecEnv):
         if in_loop is True or (in_loop is None and self.task.observation_sources() is not None):
             scale, offset = self.action_scale, self.action_offset
             self._clamps = ShieldClamps(spec, ShieldConfig(), scale, offset, n, self.device)
+        self.shield_in_loop = self._clamps is not None
         self._steps = torch.zeros(n, dtype=torch.long, device=self.device)
         self._rows = torch.arange(n, device=self.device)
         self.reset_every_step = self.device.type != "cpu"

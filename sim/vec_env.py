@@ -62,6 +62,9 @@ class VecEnv(ABC):
     has_cost: bool = False
     """Whether `StepResult.cost` carries a safety signal (a task that defines one); otherwise it is
     always zero and a constrained learner would train against nothing."""
+    shield_in_loop: bool = False
+    """The shield's clamps act inside the env (`env.shield_in_loop`): what the policy asks for and what
+    the robot is sent differ, and the replay holds the former."""
 
     @abstractmethod
     def reset(self, seed: int | None = None) -> torch.Tensor:

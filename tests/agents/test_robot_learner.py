@@ -56,7 +56,8 @@ def reach_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A panda_reach SAC run of a few hundred steps: what matters is its task, not its skill."""
     root = tmp_path_factory.mktemp("reach")
     overrides = [
-        "env.task=panda_reach", "env.num_envs=2", "total_steps=100", "warmup_steps=100", "eval_every=0",
+        "env.task=panda_reach", "env.shield_penalty=3", "env.num_envs=2", "total_steps=100", "warmup_steps=100",
+        "eval_every=0",
         "eval_envs=1", "sac.actor_hidden=[16]", "sac.critic_hidden=[16]", f"log.root={root}", "log.name=run",
         "log.tensorboard=false",
     ]  # fmt: skip
@@ -69,21 +70,26 @@ def reach_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow  # trains a tiny panda_reach run and builds its fine-tuning learner: about 10 s
 def test_an_arm_is_fine_tuned_on_the_task_reward_rebuilt_from_the_stream(tmp_path: Path, reach_run: Path) -> None:
     """Rows as the node writes them for the sim arm (joint states, the observation with its target):
-    the learner's rewards are the simulator's for the same states."""
+    the learner's rewards are the simulator's for the same states, less the run's charge for what the
+    shield changed (the policy asked for 0.2 more than it was sent on every joint), and the
+    transitions hold the action the policy asked for, as the run's replay did."""
     env = make(task="panda_reach", num_envs=1, device="cpu", backend="mujoco")
     learner = _learner(tmp_path, reach_run, (env.obs_dim, env.action_dim, 7))
-    obs, ring, expected = env.reset(seed=5), learner.ring, []
+    obs, ring, expected, asked = env.reset(seed=5), learner.ring, [], []
     gen = torch.Generator().manual_seed(1)
     for tick in range(12):
         action = torch.rand(1, env.action_dim, generator=gen) * 2 - 1
         task = env.task
         q, qd = env.physics.qpos[0, task.qpos_index].numpy(), env.physics.qvel[0, task.qvel_index].numpy()
-        ring.append(tick, obs[0].numpy(), action[0].numpy(), q, qd, 0, RUN)
+        wanted = (action[0] + 0.2).clamp(-1, 1)
+        ring.append(tick, obs[0].numpy(), action[0].numpy(), q, qd, 0, RUN, wanted=wanted.numpy())
         result = env.step(action)
         obs = result.next_obs
-        expected.append(float(result.reward[0]))
+        expected.append(float(result.reward[0]) - 3.0 * float((wanted - action[0]).abs().mean()))
+        asked.append(wanted)
     learner._fill()
     assert np.allclose(_pending_rewards(learner), expected[:-1], atol=2e-3)  # 11 pairs of consecutive rows
+    assert all(torch.allclose(entry[1][0], want) for entry, want in zip(learner._pending, asked, strict=False))
     env.close()
     learner.env.close()
     learner.eval_env.close()
