@@ -396,3 +396,30 @@ def test_a_reward_that_is_not_a_reward_is_refused_and_counted(tuning: FineTuning
 def test_a_node_without_on_robot_learning_refuses_rewards(pendulum_bundle: Path) -> None:
     node = PolicyNode(pendulum_bundle)
     assert node.on_reward(1.0) == "reward: no on-robot learning runs on this node"
+
+
+def test_each_row_holds_what_the_policy_asked_for_beside_what_the_shield_sent(
+    pendulum_bundle: Path, tmp_path: Path
+) -> None:
+    from q2real.safety.shield import ShieldConfig
+
+    config = NodeConfig(autostart=True, require_subscriber=False, shield=ShieldConfig(ramp_time=0.04))
+    node = PolicyNode(pendulum_bundle, config, FineTuning.attach(FinetuneSettings(run="unused"), tmp_path / "ft"))
+    tuning = node.learning
+    assert isinstance(tuning, FineTuning)
+    ticks = []
+    for i in range(12):
+        node.on_joint_state(["hinge"], [0.1], [0.0], [], received=100.0 + 0.02 * i)
+        tick = node.tick(100.0 + 0.02 * i)
+        node.write(lambda _: None, tick)
+        ticks.append(tick)
+    assert ticks[-1].command.mode.name == "RUN"
+    rows = tuning.ring.rows[: tuning.ring.head]
+    for tick, row in zip(ticks, rows, strict=True):
+        sent = np.clip(node.bundle.normalized(tick.values[None])[0], -1, 1)
+        assert np.allclose(row["action"], sent, atol=1e-6)
+        if tick.raw_action is not None and tick.command.mode.name == "RUN":
+            assert np.allclose(row["wanted"], np.clip(tick.raw_action, -1, 1), atol=1e-6)
+        else:
+            assert np.allclose(row["wanted"], sent, atol=1e-6)
+    assert sum(t.command.mode.name == "RUN" for t in ticks) >= 3
