@@ -313,8 +313,13 @@ class FineTuning:
         running = (flags & RUN) > 0
         before = running & (index < trial.start) & (index >= base_start)
         after = running & (index >= trial.start) & (index < trial.start + window) & (versions == trial.version)
-        if before.sum() < window // 2 or after.sum() < window // 2:
-            self._accept(trial, "too few ticks in RUN to compare; kept")
+        if after.sum() < window // 2:  # it took the robot out of RUN, or nobody let it run: never kept
+            self._roll_back(f"the policy ran on {after.sum()} of its {window} ticks; a version is kept on its record")
+            return
+        if before.sum() < window // 2:
+            self._roll_back(
+                f"the policy ran on {before.sum()} of the {window} ticks before it: nothing to compare with"
+            )
             return
         with np.errstate(all="ignore"):
             reward_before, reward_after = _mean(rewards[before]), _mean(rewards[after])

@@ -423,3 +423,17 @@ def test_each_row_holds_what_the_policy_asked_for_beside_what_the_shield_sent(
         else:
             assert np.allclose(row["wanted"], sent, atol=1e-6)
     assert sum(t.command.mode.name == "RUN" for t in ticks) >= 3
+
+
+def test_a_version_under_which_the_policy_did_not_run_is_rolled_back_not_kept(tuning: FineTuning, tmp_path) -> None:
+    """Out of RUN for most of its window (it tripped the shield, or the operator stopped it): there
+    is no record to keep it on."""
+    _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
+    tuning.check()
+    ring, start = tuning.ring, tuning.ring.head
+    for i in range(20):
+        ring.append(start + i, np.zeros(3), np.zeros(1), np.zeros(1), np.zeros(1), 1, RUN if i < 5 else 0)
+    ring.write_rewards(start, np.full(20, 0.9, dtype=np.float32))
+    tuning.check()
+    assert tuning.node.version == 0 and tuning.events[-1]["event"] == "rolled_back"  # pyright: ignore[reportAttributeAccessIssue]
+    assert "the policy ran on 5 of its 20 ticks" in tuning.events[-1]["detail"]  # pyright: ignore[reportAttributeAccessIssue]
