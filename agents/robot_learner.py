@@ -143,7 +143,8 @@ class RobotLearner(Finetuner):
                 if self.env.shield_in_loop:
                     reward = reward - self.run_config.env.shield_penalty * (wanted - sent).abs().mean(-1)
             else:
-                reward, terminated = torch.zeros(len(obs), device=device), torch.zeros(len(obs), dtype=torch.bool)
+                reward = torch.zeros(len(obs), device=device)
+                terminated = torch.zeros(len(obs), dtype=torch.bool, device=device)
             if topic:
                 reward = torch.from_numpy(after["reward_in"].astype(np.float32)).to(device)
             rewards[pair] = reward.cpu().numpy()

@@ -311,8 +311,9 @@ def seal(path: str | Path) -> None:
     is appended without re-serializing the model."""
     path = Path(path)
     data = path.read_bytes()
-    kept = b"".join(bytes(record) for record, is_digest in _records(data, str(path)) if not is_digest)
-    entry = _field(1, DIGEST_KEY.encode()) + _field(2, hashlib.sha256(kept).hexdigest().encode())
+    records = _records(data, str(path))
+    kept = b"".join(bytes(record) for record, is_digest in records if not is_digest)
+    entry = _field(1, DIGEST_KEY.encode()) + _field(2, _digest(records).encode())
     tmp = path.with_name(f".{path.name}.seal")
     tmp.write_bytes(kept + _field(_METADATA_PROPS, entry))
     os.replace(tmp, path)
@@ -328,12 +329,21 @@ def check_seal(data: bytes, source: str) -> None:
             "a digest, or edited by another tool; export it again"
         )
     recorded = digests[0][-64:].decode("ascii", errors="replace")
-    actual = hashlib.sha256(b"".join(bytes(record) for record, is_digest in records if not is_digest)).hexdigest()
+    actual = _digest(records)
     if recorded != actual:
         raise BundleError(
             f"{source}: its bytes hash to sha256 {actual[:16]}..., the bundle records {recorded[:16]}...: the "
             "file was damaged or edited after export; export it again"
         )
+
+
+def _digest(records: list[tuple[memoryview, bool]]) -> str:
+    """The hex sha256 of every record but the digest entry, in file order."""
+    digest = hashlib.sha256()
+    for record, is_digest in records:
+        if not is_digest:
+            digest.update(record)
+    return digest.hexdigest()
 
 
 def _records(data: bytes, source: str) -> list[tuple[memoryview, bool]]:

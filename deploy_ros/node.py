@@ -55,9 +55,9 @@ from q2real.safety.output import Output
 from q2real.safety.shield import Command
 
 REFUSAL_CHARS = 300
+"""Longest refusal reason kept for diagnostics: a hostile message must not be republished whole."""
 MAX_REWARD = 1e6
 """Largest magnitude a reward from the reward input may have: beyond it, a sender's fault, not a reward."""
-"""Longest refusal reason kept for diagnostics: a hostile message must not be republished whole."""
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import LATCHED_QOS, wait_for_match
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NodeConfig
+from tests.deploy_ros.test_dds_loop import _wait_for
 
 REACH = ["env.task=panda_reach"]
 TARGET = ["0.5", "0.1", "0.4"]
@@ -76,7 +76,7 @@ def test_the_operators_path_from_demonstrations_to_a_fine_tuned_arm(tmp_path: Pa
         ]:
             if send is not None:
                 writers[send].write(msg.Empty())
-            _wait_for(lambda expected=expected: modes and modes[-1] == expected, f"~/mode {expected} after {send}")
+            _wait_for(lambda expected=expected: modes and modes[-1] == expected, 30, f"~/mode {expected} after {send}")
     finally:
         stop.set()
         session.join(60)
@@ -101,11 +101,3 @@ def test_the_operators_path_from_demonstrations_to_a_fine_tuned_arm(tmp_path: Pa
     finite = [r for r in scored.tolist() if math.isfinite(r)]
     assert len(finite) > 200 and all(0.0 <= r <= 1.0 for r in finite), (len(finite), rewarded)
     assert (directory / "v0000.onnx").is_file()
-
-
-def _wait_for(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
