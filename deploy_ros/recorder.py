@@ -69,6 +69,8 @@ class Recorder:
             for key, (name, kind) in topics.items()
         }
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.lost = 0  # messages that could not be written; the first one's error says why
+        self.first_error = ""
         self._write("bundle", time.time_ns(), msg.String(data=json.dumps(bundle_metadata)))
         self._thread = threading.Thread(target=self._drain, name="q2real-recorder", daemon=True)
         self._thread.start()
@@ -105,8 +107,13 @@ class Recorder:
         self._write("mode", stamp, msg.UInt32(data=int(tick.command.mode)))
 
     def _drain(self) -> None:
+        """One bad message costs that message, never the rest of the bag."""
         while (item := self._queue.get()) is not None:
-            self._record(*item)
+            try:
+                self._record(*item)
+            except Exception as error:  # noqa: BLE001 - counted and reported at close
+                self.lost += 1
+                self.first_error = self.first_error or f"{type(error).__name__}: {error}"
 
     def close(self) -> None:
         """Flush everything queued and finish the bag (metadata.yaml); safe to call twice."""

@@ -248,6 +248,8 @@ def _serve(
             if tuning is not None:
                 tuning.record = None  # the bag closes; the watcher's later events go to stdout only
             recorder.close()
+            if recorder.lost:
+                print(f"record: {recorder.lost} messages could not be written (first: {recorder.first_error})")
 
 
 def _wait_for_enter(node: PolicyNode) -> None:

@@ -6,6 +6,11 @@ QoS ros2_control declares: the joint_state_broadcaster publishes and the forward
 controllers subscribe with the system-default profile (RELIABLE, VOLATILE); operator topics use
 the default profile. The peer prints one JSON line: per subscribed topic the sample count and the
 last sample's fields, so the test can check each message type was decoded, not just matched.
+
+A publication's `at` counts from the peer's start, or, as an operator reacts to what they see,
+from an event: `"when": {"topic": T, "data": {...}}` (the first message on subscribed topic T
+whose fields include those) or `"after": T` (the peer's first publication on topic T). Fixed
+delays from the start would race the node's discovery on a loaded machine.
 """
 
 # pyright: reportMissingImports=false
@@ -89,18 +94,33 @@ def main() -> None:
         publishers.append((item, writer))
     start = time.monotonic()
     sent: dict[str, int] = {}
-    next_at = {id(item): start + item.get("at", 0.0) for item, _ in publishers}
+    seen: dict[str, float] = {}  # event -> when it first happened
     while time.monotonic() - start < spec["seconds"]:
         rclpy.spin_once(node, timeout_sec=0.001)
         now = time.monotonic()
         for item, writer in publishers:
-            if now < next_at[id(item)] or (item.get("once") and sent.get(item["topic"])):
+            if "when" in item:
+                event = json.dumps(item["when"], sort_keys=True)
+                last = received[item["when"]["topic"]]["last"]
+                if (
+                    event not in seen
+                    and last is not None
+                    and all(last.get(k) == v for k, v in item["when"]["data"].items())
+                ):
+                    seen[event] = now
+                origin = seen.get(event)
+            else:
+                origin = seen.get("sent " + item["after"]) if "after" in item else start
+            if origin is None or now < max(origin + item.get("at", 0.0), item.get("next", 0.0)):
+                continue
+            if item.get("once") and sent.get(item["topic"]):
                 continue
             message = TYPES[item["type"]]()
             fill(message, item.get("data", {}))
             writer.publish(message)
             sent[item["topic"]] = sent.get(item["topic"], 0) + 1
-            next_at[id(item)] = now + 1.0 / item.get("rate", 1.0)
+            seen.setdefault("sent " + item["topic"], now)
+            item["next"] = now + 1.0 / item.get("rate", 1.0)
     print(json.dumps({"received": received, "sent": sent}), flush=True)
     node.destroy_node()
     rclpy.try_shutdown()

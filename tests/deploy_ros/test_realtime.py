@@ -82,7 +82,9 @@ def test_the_tick_path_does_no_blocking_io_and_reporting_runs_on_other_threads(
     gc.collect()
     node = PolicyNode(pendulum_bundle, _config(diagnostics_period=0.05))
     transport = DdsNode(node)
-    transport.recorder = Recorder(tmp_path / "bag", transport.command_topic, transport.command_type, {"x": 1})
+    transport.recorder = Recorder(
+        tmp_path / "bag", transport.command_topic, transport.command_type, {"x": 1}, inputs=transport.input_topics
+    )
     tick_threads: set[int] = set()
     calls: dict[str, set[int]] = {}
 
@@ -128,6 +130,7 @@ def test_the_tick_path_does_no_blocking_io_and_reporting_runs_on_other_threads(
         transport.close()
     assert node.ticks > 50 and node.shield.mode == Mode.RUN
     assert calls.get("recording") and calls.get("diagnostics"), f"recording or diagnostics never ran: {calls}"
+    assert not transport.recorder.lost, transport.recorder.first_error
     overlap = {name: threads & tick_threads for name, threads in calls.items() if threads & tick_threads}
     assert not overlap, f"ran on a ticking thread: {sorted(overlap)} (stderr: {written})"
     assert threading.get_ident() not in tick_threads, "the robot's writer thread should not have ticked"

@@ -72,3 +72,23 @@ def test_every_input_and_output_topic_decodes_with_an_independent_reader(pendulu
     commands = [list(m.data) for m in seen["/effort_controller/commands"]]
     assert len(commands) == 30 and np.isfinite(commands).all()
     assert len(seen["/q2real_policy/shield_mode"]) == 30 and len(seen["/q2real_policy/bundle"]) == 1
+
+
+def test_a_message_the_bag_cannot_hold_costs_that_message_not_the_rest_of_the_bag(
+    pendulum_bundle: Path, tmp_path: Path
+) -> None:
+    node = PolicyNode(pendulum_bundle, NodeConfig(autostart=True, require_subscriber=False))
+    recorder = Recorder(tmp_path / "bag", "/effort_controller/commands", msg.Float64MultiArray, {"x": 1}, INPUTS)
+    recorder.write_input("/not_an_input", msg.Empty())
+    now = time.monotonic()
+    for i in range(5):
+        state = _joint_state(0.01 * i)
+        node.on_joint_state(state.name, state.position, state.velocity, state.effort, received=now)
+        tick = node.tick(now)
+        recorder.write(tick, msg.Float64MultiArray(data=[float(v) for v in tick.values]))
+        now += node.period
+    recorder.close()
+    assert recorder.lost == 1 and "/not_an_input" in recorder.first_error
+    (bag,) = (tmp_path / "bag").glob("*.mcap")
+    commands = [m for m in read_ros2_messages(str(bag)) if m.channel.topic == "/effort_controller/commands"]
+    assert len(commands) == 5

@@ -75,12 +75,17 @@ def node_running(bundle, config: NodeConfig):
         transport.close()
 
 
-def _modes_during(node: PolicyNode, samples: int, run):
-    """The node's mode every 10 ms for `samples` samples while `run()` runs, and what it returned."""
+def _modes_during(node: PolicyNode, seconds: float, run):
+    """The node's mode every 10 ms for the first `seconds` of `run()`, and what it returned."""
     modes: list[Mode] = []
-    watcher = threading.Thread(
-        target=lambda: [modes.append(node.shield.mode) or time.sleep(0.01) for _ in range(samples)]
-    )
+
+    def watch() -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            modes.append(node.shield.mode)
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
     watcher.start()
     result = run()
     watcher.join()
@@ -92,6 +97,18 @@ def _config(**fields) -> NodeConfig:
 
 
 DISTROS = ["jazzy", "kilted"]
+# The operator acts on what the panel reads: an e-stop once the node is in RUN, then a reset.
+OPERATOR_STOPS_AND_RESETS = [
+    {
+        "topic": "/q2real_policy/estop",
+        "type": "Bool",
+        "when": {"topic": "/q2real_policy/mode", "data": {"data": "RUN"}},
+        "at": 0.5,
+        "once": True,
+        "data": {"data": True},
+    },
+    {"topic": "/q2real_policy/reset", "type": "Empty", "after": "/q2real_policy/estop", "at": 1.0, "once": True},
+]
 
 
 @pytest.mark.parametrize("distro", DISTROS)
@@ -132,16 +149,15 @@ def test_the_node_runs_a_ros2_robot_and_obeys_its_operator_topics(distro, pendul
     _peer_python(distro)
     state = {"name": ["hinge"], "position": [0.05], "velocity": [0.0], "effort": [None]}
     spec = {
-        "seconds": 5.0,
-        "subscribe": {"/forward_command_controller/commands": "Float64MultiArray"},
+        "seconds": 6.0,
+        "subscribe": {"/forward_command_controller/commands": "Float64MultiArray", "/q2real_policy/mode": "String"},
         "publish": [
             {"topic": "/joint_states", "type": "JointState", "rate": 50.0, "data": state},
-            {"topic": "/q2real_policy/estop", "type": "Bool", "at": 3.0, "once": True, "data": {"data": True}},
-            {"topic": "/q2real_policy/reset", "type": "Empty", "at": 4.0, "once": True},
+            *OPERATOR_STOPS_AND_RESETS,
         ],
     }
     with node_running(pendulum_bundle, _config()) as node:
-        modes, got = _modes_during(node, 480, lambda: run_peer(distro, spec))
+        modes, got = _modes_during(node, 5.5, lambda: run_peer(distro, spec))
     commands = got["received"]["/forward_command_controller/commands"]
     assert commands["count"] > 100, commands
     assert Mode.RUN in modes and Mode.ESTOP in modes, f"modes seen: {sorted(set(modes))}"
@@ -159,17 +175,22 @@ def test_a_ros2_operator_stops_resets_and_starts_the_policy_again_without_a_rest
     _peer_python(distro)
     state = {"name": ["hinge"], "position": [0.05], "velocity": [0.0], "effort": [None]}
     spec = {
-        "seconds": 7.0,
+        "seconds": 8.0,
         "subscribe": {"/q2real_policy/mode": "String"},
         "publish": [
             {"topic": "/joint_states", "type": "JointState", "rate": 50.0, "data": state},
-            {"topic": "/q2real_policy/estop", "type": "Bool", "at": 2.0, "once": True, "data": {"data": True}},
-            {"topic": "/q2real_policy/reset", "type": "Empty", "at": 3.5, "once": True},
-            {"topic": "/q2real_policy/start", "type": "Empty", "at": 4.5, "once": True},
+            *OPERATOR_STOPS_AND_RESETS,
+            {
+                "topic": "/q2real_policy/start",
+                "type": "Empty",
+                "after": "/q2real_policy/reset",
+                "at": 1.0,
+                "once": True,
+            },
         ],
     }
     with node_running(pendulum_bundle, _config(require_subscriber=False)) as node:
-        modes, got = _modes_during(node, 650, lambda: run_peer(distro, spec))
+        modes, got = _modes_during(node, 7.0, lambda: run_peer(distro, spec))
     # (After the peer, the robot, stops publishing, the node holds: the watcher ends before that.)
     changes = [m for i, m in enumerate(modes) if i == 0 or m != modes[i - 1]]
     assert changes[-1] == Mode.RUN, f"modes: {changes}"
