@@ -11,9 +11,11 @@ in `q2real.hardware`, which every robot section passes exactly as a spec file do
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from q2real.contracts.schema import (
@@ -25,14 +27,16 @@ from q2real.contracts.schema import (
     cost_from_metadata,
     parse_metadata,
 )
+from q2real.deploy_ros.settings import PolicyRuntime
 
 FLOAT_TENSORS = ("tensor(float)", "tensor(double)")
+VERIFY_ROWS = 64
 
 
 class PolicyBundle:
     """An ONNX policy ready to run: validated, single-threaded, sequential, no spinning, warmed up."""
 
-    def __init__(self, path: str | Path, warmup: int = 20):
+    def __init__(self, path: str | Path, warmup: int = 20, runtime: PolicyRuntime = "onnxruntime"):
         self.path = Path(path)
         source = str(self.path)
         if not self.path.is_file():
@@ -65,6 +69,17 @@ class PolicyBundle:
         self._safe_scale = self._scale + (self._scale == 0)
         self._scaled = self._scale != 0
         self._bind(meta)
+        self._compiled = None
+        self.runtime = "onnxruntime"
+        """What runs `act`, and for ONNX Runtime under `auto`, why the compiled program does not."""
+        self.compile_seconds = 0.0
+        if runtime != "onnxruntime":
+            began = time.perf_counter()
+            reason = self._compile(data)
+            self.compile_seconds = time.perf_counter() - began
+            if reason is not None and runtime == "compiled":
+                raise BundleError(f"{source}: runtime compiled: {reason}")
+            self.runtime = f"onnxruntime ({reason})" if reason else "compiled"
         for _ in range(warmup):
             self.act(self._obs)
 
@@ -125,11 +140,39 @@ class PolicyBundle:
             self._binding.bind_output(output.name, "cpu", 0, buffer.dtype, list(shape), buffer.ctypes.data)
             self._outputs.append(buffer)
 
+    def _compile(self, data: bytes) -> str | None:
+        """Lower and compile the graph for `act`, then check it against ONNX Runtime on observations
+        from zero to far outside any training range; why not, or None when it is in use."""
+        from q2real.deploy_ros.compiled_policy import CompiledPolicy, NotLowered
+
+        try:
+            compiled = CompiledPolicy(onnx.load_from_string(data), self.info.obs_dim, self._outputs)
+        except NotLowered as err:
+            return str(err)
+        rng = np.random.default_rng(0)
+        scales = np.logspace(-2, 3, VERIFY_ROWS, dtype=np.float32)[:, None]
+        obs = (rng.standard_normal((VERIFY_ROWS, self.info.obs_dim)) * scales).astype(np.float32)
+        obs[0] = 0.0
+        expected = [np.asarray(out) for out in self.session.run(None, {"obs": obs})]
+        for row in range(VERIFY_ROWS):
+            compiled(obs[row : row + 1])
+            for got, want in zip(self._outputs, expected, strict=True):
+                want = want[row : row + 1]
+                tolerance = 1e-4 * max(1.0, float(np.nanmax(np.abs(want), initial=0.0)))
+                if not np.allclose(got, want, rtol=1e-4, atol=tolerance, equal_nan=True):
+                    worst = float(np.nanmax(np.abs(got - want)))
+                    return f"the compiled graph differs from ONNX Runtime by {worst:.3g} on a test observation"
+        self._compiled = compiled
+        return None
+
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Commands for one (1, obs_dim) observation, and the cost critic's Q_c (1,) if the bundle has
         one, through the bound buffers. The arrays returned are overwritten by the next call."""
         np.copyto(self._obs, obs, casting="same_kind")
-        self.session.run_with_iobinding(self._binding)
+        if self._compiled is not None:
+            self._compiled(self._obs)
+        else:
+            self.session.run_with_iobinding(self._binding)
         return self._outputs[0], (self._outputs[1] if len(self._outputs) > 1 else None)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:

@@ -266,7 +266,7 @@ class FineTuning:
     def validate(self, bundle_path: Path, probe_path: Path) -> PolicyBundle:
         """The candidate as a bundle the node may run, or a BundleError saying why not."""
         running = self.node.bundle.info.metadata
-        bundle = PolicyBundle(bundle_path)
+        bundle = PolicyBundle(bundle_path, runtime=self.node.config.policy_runtime)
         meta = bundle.info.metadata
         robot = robot_from_metadata(meta, str(bundle_path))
         found = differences(robot, robot_from_metadata(running, str(self.node.bundle.path)))

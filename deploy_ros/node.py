@@ -116,7 +116,7 @@ class PolicyNode:
         """`learning`: builds the on-robot learning this node runs with (`FineTuning.attach`)."""
         self.config = config = config or NodeConfig()
         config.validate()
-        self.bundle = PolicyBundle(bundle)
+        self.bundle = PolicyBundle(bundle, runtime=config.policy_runtime)
         source = str(bundle)
         meta = self.bundle.info.metadata
         trained = robot_from_metadata(meta, source)

@@ -137,6 +137,7 @@ def deploy(
     tuning = node.learning if isinstance(node.learning, FineTuning) else None
     # Paid when the node's modules were imported: before the robot is even awaited, never in a tick.
     print(f"shield: compiled kernels ready ({COMPILE_SECONDS:.2f} s to compile or load from the cache)", flush=True)
+    print(f"policy: {node.bundle.runtime} ({node.bundle.compile_seconds:.2f} s to compile and check)", flush=True)
     robot = None
     switch_interval = sys.getswitchinterval()
     applied: list[str] = []

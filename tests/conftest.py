@@ -63,9 +63,25 @@ class ImportClock:
             if depth == 0:
                 self.seconds += time.perf_counter() - start
 
+    def counts(self, function: Callable) -> Callable:
+        """`function`'s time counted as a first import's: a one-time cost that lands on whichever test
+        comes first (compiling a policy program; later calls find it compiled)."""
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                if getattr(self._depth, "n", 0) == 0:
+                    self.seconds += time.perf_counter() - start
+
+        return timed
+
 
 IMPORT_CLOCK = ImportClock()
 IMPORT_CLOCK.install()
+_compiled_policy = importlib.import_module("q2real.deploy_ros.compiled_policy")
+_compiled_policy.compile_program = IMPORT_CLOCK.counts(_compiled_policy.compile_program)
 
 
 REALTIME_DIR = Path(__file__).resolve().parent / "deploy_ros"
