@@ -7,6 +7,9 @@ The node runs as its own process (`q2real deploy`, the default job's network, sh
 writes every tick's stage timestamps (`--timings`), so the table can say where the time of the
 slowest ticks went. Side by side, the same probe runs against a bare echo process that answers
 every state with a prebuilt command at once: the floor Cyclone DDS and Python leave on this machine.
+Node and echo alternate in `--rounds` rounds per row (each a share of `--seconds`) and each side's
+rounds are pooled, so a ratio compares the two over the same minutes of this machine's drifting
+loopback rather than two runs minutes apart.
 
 Rows: 50 Hz (the task's rate), 500 Hz and 1 kHz quiet; 500 Hz beside one CPU-bound process (a
 single-threaded matrix loop, as a learner beside the node), and the same with the node's real-time
@@ -27,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,11 +73,10 @@ def default_bundle(directory: Path) -> Path:
         env.close()
 
 
-def where_the_time_went(result: ProbeResult, timings: Path) -> dict[str, float]:
+def where_the_time_went(result: ProbeResult, rows: np.ndarray) -> dict[str, float]:
     """Mean milliseconds per stage over the slowest 1 % of states (lost ones first): wire in
     (probe -> node), the node's spans up to the command being ready, and send (serialization, the
-    write and the wire back to the probe)."""
-    rows = np.loadtxt(timings, delimiter=",", skiprows=1, ndmin=2)
+    write and the wire back to the probe). `rows`: the node's tick stamps (`--timings`)."""
     rows = rows[np.isfinite(rows[:, COLUMN["arrived"]])]
     if not rows.size:
         return {}
@@ -117,9 +120,23 @@ def lost_ratio(node: dict, echo: dict) -> float | None:
     return round(node["lost_fraction"] / echo["lost_fraction"], 2)
 
 
-def run_row(bundle: Path, rate: float, busy: bool, extra: tuple[str, ...], peer: str, seconds: float, tmp: Path):
+@dataclass
+class Part:
+    """One round of one row against one peer: what the probe saw, and for the node its tick stamps and
+    the states the plain answer window called lost."""
+
+    result: ProbeResult
+    ticks: np.ndarray | None = None
+    window_lost: int = 0
+
+
+def run_part(
+    bundle: Path, rate: float, busy: bool, extra: tuple[str, ...], peer: str, seconds: float, tmp: Path
+) -> Part | str:
+    """One round; a string says why the node refused to start (e.g. SCHED_FIFO denied)."""
     total = WARMUP + seconds + 8
     timings = tmp / f"timings_{rate:g}_{busy}_{len(extra)}.csv"
+    timings.unlink(missing_ok=True)
     neighbour = busy_neighbour() if busy else None
     if peer == "node":
         process = node_process(bundle, rate, total, timings, extra)
@@ -128,8 +145,8 @@ def run_row(bundle: Path, rate: float, busy: bool, extra: tuple[str, ...], peer:
     try:
         result = probe(rate, seconds, WARMUP)
     except TimeoutError:
-        if process.poll() not in (None, 0):  # the node refused to start, e.g. SCHED_FIFO denied
-            return {"refused": f"the node exited with {process.returncode} (see its stderr above)"}
+        if process.poll() not in (None, 0):
+            return f"the node exited with {process.returncode} (see its stderr above)"
         raise
     finally:
         for child in (process, neighbour):
@@ -137,20 +154,33 @@ def run_row(bundle: Path, rate: float, busy: bool, extra: tuple[str, ...], peer:
                 child.terminate()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(30)
-    if peer == "node" and timings.exists():
-        # Matched through the node's own tick stamps: a late answer cannot pass for the next state's.
-        ticks = np.loadtxt(timings, delimiter=",", skiprows=1, ndmin=2)
-        exact = match_ticks(
-            result.sent, result.arrivals, ticks[:, COLUMN["arrived"]], ticks[:, COLUMN["shielded"]], 1.0 / rate
-        )
-        window_lost = result.lost
-        result = ProbeResult(result.rate, result.sent, exact, result.arrivals)
-        row = result.row()
-        row["lost_by_window"] = window_lost
-        row["slowest_1pct_ms"] = where_the_time_went(result, timings)  # type: ignore[assignment]
+    if peer != "node" or not timings.exists():
+        return Part(result)
+    # Matched through the node's own tick stamps: a late answer cannot pass for the next state's.
+    ticks = np.loadtxt(timings, delimiter=",", skiprows=1, ndmin=2)
+    exact = match_ticks(
+        result.sent, result.arrivals, ticks[:, COLUMN["arrived"]], ticks[:, COLUMN["shielded"]], 1.0 / rate
+    )
+    return Part(ProbeResult(result.rate, result.sent, exact, result.arrivals), ticks, result.lost)
+
+
+def pooled(parts: list[Part]) -> dict:
+    """One row over every round (they ran one after another, so times stay in order)."""
+    first = parts[0].result
+    result = ProbeResult(
+        first.rate,
+        np.concatenate([p.result.sent for p in parts]),
+        np.concatenate([p.result.latency for p in parts]),
+        np.concatenate([p.result.arrivals for p in parts]),
+    )
+    row = result.row()
+    stamped = [p.ticks for p in parts if p.ticks is not None]
+    if stamped:
+        ticks = np.concatenate(stamped)
+        row["lost_by_window"] = sum(p.window_lost for p in parts)
+        row["slowest_1pct_ms"] = where_the_time_went(result, ticks)  # type: ignore[assignment]
         row["stage_ms"] = stage_costs(ticks)  # type: ignore[assignment]
-        return row
-    return result.row()
+    return row
 
 
 def label(busy: bool, extra: tuple[str, ...]) -> str:
@@ -160,6 +190,7 @@ def label(busy: bool, extra: tuple[str, ...]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per row")
+    parser.add_argument("--rounds", type=int, default=3, help="node and echo alternate this many times per row")
     parser.add_argument("--bundle", type=Path, help="policy bundle (default: the default job's network)")
     parser.add_argument("--rows", type=int, nargs="*", help=argparse.SUPPRESS)  # indices into ROWS, to iterate
     args = parser.parse_args()
@@ -171,12 +202,24 @@ def main() -> None:
         for i, (rate, busy, extra) in enumerate(ROWS):
             if args.rows and i not in args.rows:
                 continue
-            for peer in ("node", "echo"):
-                if extra and peer == "echo":
-                    continue  # the node's settings have no echo counterpart
-                rows[(rate, label(busy, extra), peer)] = run_row(
-                    bundle, rate, busy, extra, peer, args.seconds, Path(tmp)
-                )
+            # The node's settings have no echo counterpart.
+            peers = ("node",) if extra else ("node", "echo")
+            parts: dict[str, list[Part]] = {peer: [] for peer in peers}
+            refused = ""
+            # Node and echo alternate, round by round: this machine's loopback drifts over minutes, and
+            # a ratio of two runs minutes apart would measure the drift.
+            for _ in range(args.rounds):
+                for peer in peers:
+                    part = run_part(bundle, rate, busy, extra, peer, args.seconds / args.rounds, Path(tmp))
+                    if isinstance(part, str):
+                        refused = part
+                        break
+                    parts[peer].append(part)
+                if refused:
+                    break
+            for peer in peers:
+                key = (rate, label(busy, extra), peer)
+                rows[key] = {"refused": refused} if refused else pooled(parts[peer])
     print(f"{'rate':>6} {'load':<30} {'peer':<5} {'states':>6} {'lost':>5} {'lost %':>7} {'p99 ms':>7} ", end="")
     print(f"{'answered p50':>12} {'p99':>6} {'max':>6}")
     for (rate, load, peer), r in rows.items():
@@ -224,6 +267,7 @@ def main() -> None:
         "stage_ms_500hz": node.get("stage_ms"),
         "latency_p99_ms_50hz": rows[(50.0, "quiet", "node")]["p99_ms"],
         "seconds_per_row": args.seconds,
+        "rounds_per_row": args.rounds,
         "rows": {f"{rate:g} Hz {load} {peer}": r for (rate, load, peer), r in rows.items()},
     }
     RESULTS.mkdir(exist_ok=True)
