@@ -27,6 +27,7 @@ from q2real.contracts.schema import (
     cost_from_metadata,
     parse_metadata,
 )
+from q2real.deploy_ros.compiled_policy import action_from_commands
 from q2real.deploy_ros.settings import PolicyRuntime
 
 FLOAT_TENSORS = ("tensor(float)", "tensor(double)")
@@ -81,7 +82,7 @@ class PolicyBundle:
                 raise BundleError(f"{source}: runtime compiled: {reason}")
             self.runtime = f"onnxruntime ({reason})" if reason else "compiled"
         for _ in range(warmup):
-            self.act(self._obs)
+            self.action(self.act(self._obs)[0])
 
     def _check_io(self, meta: dict, source: str) -> None:
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
@@ -143,7 +144,7 @@ class PolicyBundle:
     def _compile(self, data: bytes) -> str | None:
         """Lower and compile the graph for `act`, then check it against ONNX Runtime on observations
         from zero to far outside any training range; why not, or None when it is in use."""
-        from q2real.deploy_ros.compiled_policy import CompiledPolicy, NotLowered
+        from q2real.deploy_ros.compiled_policy import CompiledPolicy, NotLowered  # noqa: PLC0415
 
         try:
             compiled = CompiledPolicy(onnx.load_from_string(data), self.info.obs_dim, self._outputs)
@@ -192,6 +193,11 @@ class PolicyBundle:
             raise BundleError(f"{self.path}: the bundle has no cost critic (metadata.cost_critic)")
         actions, cost = self.session.run(None, {"obs": obs})
         return np.asarray(actions), np.asarray(cost)
+
+    def action(self, commands: np.ndarray) -> tuple[np.ndarray, bool]:
+        """One observation's commands (`act`'s first output) back in the policy's [-1, 1] action space,
+        float64, flat (a chunk's rows one after another), and whether all of it is finite."""
+        return action_from_commands(commands.reshape(-1), self._offset, self._safe_scale, self._scaled)
 
     def normalized(self, commands: np.ndarray) -> np.ndarray:
         """Back from joint commands to the policy's [-1, 1] action space (for evaluating in sim)."""

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from numba import njit
 from onnx import numpy_helper
 
 UNARY = {
@@ -459,3 +460,21 @@ class CompiledPolicy:
     def __call__(self, obs: np.ndarray) -> None:
         """`obs`: (1, obs_dim) float32, C-contiguous."""
         self._run(obs.reshape(-1), *self._outputs, self._constants, self._workspace)
+
+
+@njit(cache=True, nogil=True)
+def action_from_commands(
+    commands: np.ndarray, offset: np.ndarray, safe_scale: np.ndarray, scaled: np.ndarray
+) -> tuple[np.ndarray, bool]:
+    """`PolicyBundle.normalized` for one observation's commands, flat (a chunk's rows one after
+    another), as float64, and whether every value is finite: one call where numpy takes six, each
+    of which costs microseconds on the first tick after the node slept."""
+    n = offset.size
+    raw = np.empty(commands.size)
+    finite = True
+    for i in range(commands.size):
+        j = i % n
+        value = (commands[i] - offset[j]) / safe_scale[j] * scaled[j]
+        raw[i] = value
+        finite = finite and np.isfinite(value)
+    return raw, finite

@@ -477,6 +477,7 @@ class PolicyNode:
         chunks = self._chunks
         if chunks is not None and not chunks.due()[0]:
             raw = chunks.act(None)[0]
+            finite = bool(np.isfinite(raw).all())
             policy_time = None
         else:
             began = time.perf_counter()
@@ -496,15 +497,15 @@ class PolicyNode:
                 return self._unusable(
                     f"policy: output shape {commands.shape}, expected {self._output_shape}", policy_time
                 )
-            raw = self.bundle.normalized(commands)[0].astype(np.float64)
+            raw, finite = self.bundle.action(commands)
             if chunks is not None:
-                if not np.isfinite(raw).all():
+                if not finite:
                     # No row of a chunk that is not finite runs: the shield counts this tick's bad action
                     # and the next tick queries again.
                     chunks.clear(np.ones(1, dtype=bool))
-                    return np.full(raw.shape[-1], np.nan), policy_time
-                raw = chunks.act(raw[None])[0]
-        if np.isfinite(raw).all():
+                    return np.full(commands.shape[-1], np.nan), policy_time
+                raw = chunks.act(raw.reshape(commands.shape))[0]
+        if finite:
             if self.learning is not None and chunks is None:
                 raw = self.learning.explore(raw)
             self._last_action[:] = clip(raw, -1.0, 1.0)

@@ -168,3 +168,19 @@ def test_a_graph_that_does_not_lower_runs_on_onnx_runtime_under_auto_and_is_refu
     assert auto.runtime.startswith("onnxruntime (") and "not compiled" in auto.runtime
     with pytest.raises(BundleError, match=r"safe\.onnx: runtime compiled: "):
         PolicyBundle(path, runtime="compiled")
+
+
+def test_the_ticks_action_is_the_normalized_commands_bit_for_bit_and_flags_what_is_not_finite(
+    panda_bundle: Path,
+) -> None:
+    bundle = PolicyBundle(panda_bundle)
+    for dtype in (np.float32, np.float64):
+        commands = (RNG.normal(size=(200, 1, 3, 7)) * 5).astype(dtype)  # a chunk of 3 rows per tick
+        for row in commands:
+            raw, finite = bundle.action(row)
+            assert finite and raw.dtype == np.float64
+            np.testing.assert_array_equal(raw, bundle.normalized(row).astype(np.float64).reshape(-1))
+    for bad in (np.nan, np.inf, -np.inf):
+        row = np.zeros((1, 7), np.float32)
+        row[0, 4] = bad
+        assert not bundle.action(row)[1]
