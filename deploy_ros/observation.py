@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from q2real.contracts.schema import BundleError, brief
 
@@ -64,6 +65,55 @@ class _Term:
     dim: int
     index: np.ndarray
     offset: np.ndarray | None = None
+
+
+_PLANNED = ("joint_position", "joint_velocity", "joint_position_cos_sin")
+"""Joint terms built by one compiled call; the rest (inputs, forward kinematics) term by term."""
+
+
+@dataclass(frozen=True)
+class _JointPlan:
+    """The joint terms as flat arrays for `_joint_terms`: kind code, first output slot and joint count
+    per term; the joints' indices (and position offsets, zero where none) of all terms end to end."""
+
+    kinds: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+    first: np.ndarray
+    index: np.ndarray
+    offset: np.ndarray
+
+    @staticmethod
+    def of(terms: list[_Term]) -> _JointPlan:
+        ints = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+        counts = [len(t.index) for t in terms]
+        return _JointPlan(
+            kinds=ints([_PLANNED.index(t.kind) for t in terms]),
+            starts=ints([t.start for t in terms]),
+            counts=ints(counts),
+            first=ints(np.cumsum([0, *counts])[:-1]),
+            index=ints([j for t in terms for j in t.index]),
+            offset=np.asarray(
+                [v for t in terms for v in (t.offset if t.offset is not None else np.zeros(len(t.index)))],
+                dtype=np.float64,
+            ),
+        )
+
+
+@njit(cache=True, nogil=True)
+def _joint_terms(position, velocity, out, kinds, starts, counts, index, first, offset) -> None:
+    """Every joint term in one call: q (minus its offset), q dot, or cos q then sin q, into `out`."""
+    for t in range(kinds.size):
+        start, n, f, kind = starts[t], counts[t], first[t], kinds[t]
+        for i in range(n):
+            j = index[f + i]
+            if kind == 0:
+                out[start + i] = position[j] - offset[f + i]
+            elif kind == 1:
+                out[start + i] = velocity[j]
+            else:
+                out[start + i] = np.cos(position[j])
+                out[start + n + i] = np.sin(position[j])
 
 
 class _Kinematics:
@@ -183,6 +233,14 @@ class ObservationBuilder:
         self.streams = frozenset(STREAMS[t.kind] for t in parsed if t.kind in STREAMS) - {"last_action"}
         """The input streams besides joint states this bundle reads: 'command', 'imu', ..."""
         self.buffer = np.zeros((1, self.dim), dtype=np.float32)
+        self._joint_plan = _JointPlan.of([t for t in parsed if t.kind in _PLANNED])
+        self._other_terms = [(i, t) for i, t in enumerate(parsed) if t.kind not in _PLANNED]
+        plan, zeros = self._joint_plan, np.zeros(len(self.joints))
+        # Compiled (or loaded from numba's cache) here, for the arrays a tick passes, not on the first tick.
+        _joint_terms(
+            zeros, zeros, self.buffer[0], plan.kinds, plan.starts, plan.counts, plan.index, plan.first, plan.offset
+        )
+        self.buffer[:] = 0.0
 
     def _velocity_ranges(self, ranges, where: str) -> None:
         if self.velocity_ranges is not None:
@@ -201,20 +259,12 @@ class ObservationBuilder:
         ('last_action', 'command' with all command terms concatenated in term order, 'projected_gravity',
         ...); returns the (reused) buffer."""
         out = self.buffer[0]
-        for i, term in enumerate(self._terms):
+        plan = self._joint_plan
+        _joint_terms(position, velocity, out, plan.kinds, plan.starts, plan.counts, plan.index, plan.first, plan.offset)
+        for i, term in self._other_terms:
             span = slice(term.start, term.start + term.dim)
             kind = term.kind
-            if kind == "joint_position":
-                q = position[term.index]
-                out[span] = q if term.offset is None else q - term.offset
-            elif kind == "joint_velocity":
-                out[span] = velocity[term.index]
-            elif kind == "joint_position_cos_sin":
-                angle = position[term.index]
-                half = len(term.index)
-                out[term.start : term.start + half] = np.cos(angle)
-                out[term.start + half : term.start + term.dim] = np.sin(angle)
-            elif kind == "body_point":
+            if kind == "body_point":
                 out[span] = self._kinematics[i](position[term.index])
             else:
                 value = inputs.get(kind)
