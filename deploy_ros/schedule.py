@@ -2,8 +2,10 @@
 
 While states arrive about once a period (`trigger: state`), each tick runs on arrival in the thread
 that delivered the state, so no thread handoff stands between a state and its command, and the
-loop thread only keeps time: it ticks when a period's window closes without a state, at once on an
-e-stop, and collects garbage in the gap after each tick. Otherwise (`trigger: timer`, or a robot
+loop thread only keeps time: it ticks when a period's slot passes without a state (`LATE` after it
+was due), at once on an e-stop, and collects garbage in the gap after each tick. The slots follow
+the state stream's phase (`PHASE_GAIN`), so one delayed state neither costs its own answer nor
+holds back the next. Otherwise (`trigger: timer`, or a robot
 much faster than the policy) it ticks on the timer. Either way one lock holds a tick and its
 publishing, so a tick on arrival and one on the timer never overlap and a policy swap lands between
 two ticks.
@@ -26,6 +28,13 @@ Publish = Callable[["Tick"], None]
 WINDOW = 0.25
 """A period's window opens this fraction of a period before the tick is due; a state that arrives
 in it is ticked on at once."""
+
+
+LATE = 0.45
+"""How far past its due time (in periods) a slot waits for its state before the timer ticks without
+one: a state the wire delayed by less is answered when it comes, not held for the next slot."""
+PHASE_GAIN = 0.25
+"""How much of a state's lateness (or earliness) within half a period moves the next tick's due time."""
 
 
 class TickLoop:
@@ -70,7 +79,7 @@ class TickLoop:
                     self.wake.clear()
                     ticks, due = node.ticks, self.next_at
                 on_arrival = self.ticks_on_arrival()
-                deadline = due + slack if on_arrival else due
+                deadline = due + LATE * period if on_arrival else due
                 self._wait_until(due - slack if on_arrival else due)
                 if node.ticks == ticks and on_arrival and not self.estop.is_set():
                     # The window is open: a state that came early is used now, else the first to come.
@@ -109,9 +118,14 @@ class TickLoop:
             if now > self.next_at + 0.5 * period:
                 self.misses += 1
             node.write(publish, node.update(node.read(now)))
-            # Lock onto the state stream: the next tick is due one period after this state arrived.
-            locked = fresh and sample is not None and self.ticks_on_arrival()
-            self.next_at = (sample.received if locked and sample is not None else self.next_at) + period
+            self.next_at += period
+            if fresh and sample is not None and self.ticks_on_arrival():
+                # Lock onto the state stream's phase, not onto its last state: a state the wire delayed
+                # moves the schedule by a quarter of its delay, so the next state, on time, still finds
+                # its window open instead of waiting for it (a phase more than half a period off, as at
+                # the start, is taken at once).
+                error = sample.received - (self.next_at - period)
+                self.next_at += error if abs(error) > 0.5 * period else PHASE_GAIN * error
             if self.next_at + WINDOW * period < time.monotonic():
                 self.next_at = time.monotonic() + period  # overran: skip the lost slots, do not burst
             if arrival:

@@ -29,7 +29,7 @@ from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.probe import busy_neighbour, match, probe
 from q2real.deploy_ros.recorder import Recorder
 from q2real.deploy_ros.settings import NodeConfig, RealtimeConfig
-from q2real.deploy_ros.timing import TickTimes
+from q2real.deploy_ros.timing import COLUMN, TickTimes
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig
 
@@ -328,6 +328,36 @@ def test_no_two_ticks_share_a_period_however_the_states_jitter(pendulum_bundle) 
     early = due - taken
     assert early.max() <= 0.25 * PERIOD + 1e-6, f"a tick came {early.max() * 1e3:.2f} ms before its slot"
     assert np.diff(due).min() > 0, "two ticks were taken for one slot"
+
+
+def test_a_state_the_wire_delayed_does_not_hold_back_the_next_one(pendulum_bundle) -> None:
+    """States on a 20 ms grid, every fifth one 8 ms late (the wire or the sender stalled). The slot
+    waits for a late state rather than ticking without it and holding it for the next slot, and the
+    node follows the stream's phase, not its last state, so the on-time state after a late one is
+    ticked when it arrives, not when a window counted from the late one opens (3 ms later)."""
+    node = PolicyNode(pendulum_bundle, _config(realtime=RealtimeConfig(gc="automatic")))
+    stop = threading.Event()
+    loop = threading.Thread(target=node.spin, args=(stop, lambda t: None))
+    loop.start()
+    start = time.monotonic() + PERIOD
+    try:
+        for k in range(60):
+            due = start + k * PERIOD + (0.4 * PERIOD if k % 5 == 4 else 0.0)
+            while time.monotonic() < due:
+                time.sleep(0.0002)
+            node.on_joint_state(["hinge"], [0.01], [0.0], [])
+    finally:
+        stop.set()
+        loop.join(5)
+    rows = node.times.recent()
+    arrived, began = rows[:, COLUMN["arrived"]], rows[:, COLUMN["began"]]
+    fresh = np.isfinite(arrived)
+    gaps = np.diff(arrived[fresh])
+    after_late = np.flatnonzero(gaps < 0.8 * PERIOD) + 1  # the on-time state right after a late one
+    assert len(after_late) >= 8, gaps
+    waited = began[fresh] - arrived[fresh]
+    for name, rows in (("late states", after_late - 1), ("states after a late one", after_late)):
+        assert np.median(waited[rows]) < 0.1 * PERIOD, f"{name} waited {np.round(waited[rows] * 1e3, 2)} ms"
 
 
 def test_no_position_command_leaves_before_the_pose_is_measured(panda_bundle) -> None:
