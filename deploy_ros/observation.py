@@ -100,7 +100,7 @@ class _JointPlan:
         )
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _joint_terms(position, velocity, out, kinds, starts, counts, index, first, offset) -> None:
     """Every joint term in one call: q (minus its offset), q dot, or cos q then sin q, into `out`."""
     for t in range(kinds.size):
