@@ -27,7 +27,7 @@ from q2real.contracts.schema import (
     cost_from_metadata,
     parse_metadata,
 )
-from q2real.deploy_ros.compiled_policy import action_from_commands
+from q2real.deploy_ros.compiled_policy import CompiledPolicy, NotLowered, action_from_commands
 from q2real.deploy_ros.settings import PolicyRuntime
 
 FLOAT_TENSORS = ("tensor(float)", "tensor(double)")
@@ -144,8 +144,6 @@ class PolicyBundle:
     def _compile(self, data: bytes) -> str | None:
         """Lower and compile the graph for `act`, then check it against ONNX Runtime on observations
         from zero to far outside any training range; why not, or None when it is in use."""
-        from q2real.deploy_ros.compiled_policy import CompiledPolicy, NotLowered  # noqa: PLC0415
-
         try:
             compiled = CompiledPolicy(onnx.load_from_string(data), self.info.obs_dim, self._outputs)
         except NotLowered as err:

@@ -13,7 +13,7 @@ What lowers: the element-wise, activation, matrix-product, normalization and lay
 MLP actors export to, on tensors whose leading dimensions are one. Anything else (an ensemble's
 batched product, a gather on data, an operator not listed) is not lowered, and the node runs ONNX
 Runtime, which stays the reference: a lowered graph is only used after it reproduced ONNX Runtime's
-outputs on a set of observations (`verify`).
+outputs on a set of observations (`PolicyBundle._compile`).
 """
 
 from __future__ import annotations
@@ -212,10 +212,10 @@ class _Lowering:
             outputs = _reference(node, inputs)
             if len([name for name in node.output if name]) > 1:
                 raise NotLowered(f"{node.op_type} ({node.name}) with more than one output")
-            live = [name for name in node.input if name in self.dynamic]
+            live = any(name in self.dynamic for name in node.input)
             self.values[node.output[0]] = outputs[0]
             if live and node.op_type != "Shape":  # a shape is static at batch one
-                self._emit(node, live)
+                self._emit(node)
         for output in self.graph.output:
             if output.name not in self.dynamic:
                 raise NotLowered(f"output {output.name} does not depend on the observation")
@@ -236,7 +236,7 @@ class _Lowering:
         self.program.names[name] = alias or self.program.buffer(value.size)
         return self.program.names[name]
 
-    def _emit(self, node: onnx.NodeProto, live: list[str]) -> None:
+    def _emit(self, node: onnx.NodeProto) -> None:
         op, lines = node.op_type, self.program.lines
         shape = self.values[node.output[0]].shape
         size = int(np.prod(shape))
@@ -273,7 +273,7 @@ class _Lowering:
         elif op == "Slice":
             self._slice(node)
         elif op == "Concat":
-            self._concat(node, live)
+            self._concat(node)
         elif op in ("ReduceMean", "ReduceSum"):
             value = self.values[x]
             if size != 1:
@@ -336,7 +336,7 @@ class _Lowering:
         a, y = self.program.names[x], self._out(node)
         self.program.lines += [f"for i in range({picked.size}):", f"    {y}[i] = {a}[i + {start}]"]
 
-    def _concat(self, node: onnx.NodeProto, live: list[str]) -> None:
+    def _concat(self, node: onnx.NodeProto) -> None:
         axis = _attribute(node, "axis") % self.values[node.input[0]].ndim
         parts = [(name, self.values[name]) for name in node.input]
         if not all(_leading_ones(v.shape, axis) for _, v in parts):
@@ -346,7 +346,6 @@ class _Lowering:
             a = self._arg(name, value.shape)
             self.program.lines += [f"for i in range({value.size}):", f"    {y}[i + {offset}] = {a}[i]"]
             offset += value.size
-        del live
 
     def _layer_norm(self, node: onnx.NodeProto, shape: tuple[int, ...]) -> None:
         axis = _attribute(node, "axis", -1) % len(shape)

@@ -228,13 +228,13 @@ class ObservationBuilder:
             start += dim
         self.joints = tuple(joints)
         """Every joint the observation reads, actuated or not (e.g. a passive pole's encoder)."""
-        self._terms = parsed
-        """`index` holds joint positions for joint terms and positions in the command vector for commands."""
         self.streams = frozenset(STREAMS[t.kind] for t in parsed if t.kind in STREAMS) - {"last_action"}
         """The input streams besides joint states this bundle reads: 'command', 'imu', ..."""
         self.buffer = np.zeros((1, self.dim), dtype=np.float32)
         self._joint_plan = _JointPlan.of([t for t in parsed if t.kind in _PLANNED])
         self._other_terms = [(i, t) for i, t in enumerate(parsed) if t.kind not in _PLANNED]
+        """The terms read from inputs or forward kinematics, with their term numbers; a command term's
+        `index` holds its positions in the command vector."""
         plan, zeros = self._joint_plan, np.zeros(len(self.joints))
         # Compiled (or loaded from numba's cache) here, for the arrays a tick passes, not on the first tick.
         _joint_terms(

@@ -5,10 +5,9 @@ that delivered the state, so no thread handoff stands between a state and its co
 loop thread only keeps time: it ticks when a period's slot passes without a state (`LATE` after it
 was due), at once on an e-stop, and collects garbage in the gap after each tick. The slots follow
 the state stream's phase (`PHASE_GAIN`), so one delayed state neither costs its own answer nor
-holds back the next. Otherwise (`trigger: timer`, or a robot
-much faster than the policy) it ticks on the timer. Either way one lock holds a tick and its
-publishing, so a tick on arrival and one on the timer never overlap and a policy swap lands between
-two ticks.
+holds back the next. Otherwise (`trigger: timer`, or a robot much faster than the policy) it ticks
+on the timer. Either way one lock holds a tick and its publishing, so a tick on arrival and one on
+the timer never overlap and a policy swap lands between two ticks.
 """
 
 from __future__ import annotations
@@ -118,13 +117,14 @@ class TickLoop:
             if now > self.next_at + 0.5 * period:
                 self.misses += 1
             node.write(publish, node.update(node.read(now)))
-            self.next_at += period
+            due = self.next_at
+            self.next_at = due + period
             if fresh and sample is not None and self.ticks_on_arrival():
                 # Lock onto the state stream's phase, not onto its last state: a state the wire delayed
                 # moves the schedule by a quarter of its delay, so the next state, on time, still finds
                 # its window open instead of waiting for it (a phase more than half a period off, as at
                 # the start, is taken at once).
-                error = sample.received - (self.next_at - period)
+                error = sample.received - due
                 self.next_at += error if abs(error) > 0.5 * period else PHASE_GAIN * error
             if self.next_at + WINDOW * period < time.monotonic():
                 self.next_at = time.monotonic() + period  # overran: skip the lost slots, do not burst
