@@ -4,8 +4,9 @@ Run by any Python that has rclpy, q2real or not (a Kilted install lives in its o
 `python ros_peer.py SPEC_JSON`. The spec names what to subscribe to and what to publish, with the
 QoS ros2_control declares: the joint_state_broadcaster publishes and the forward and trajectory
 controllers subscribe with the system-default profile (RELIABLE, VOLATILE); operator topics use
-the default profile. The peer prints one JSON line: per subscribed topic the sample count and the
-last sample's fields, so the test can check each message type was decoded, not just matched.
+the default profile. The peer prints one JSON line: per subscribed topic the sample count, the
+last sample's fields (so the test can check each message type was decoded, not just matched) and
+when the first sample came (`first_s`, from the peer's start).
 
 A publication's `at` counts from the peer's start, or, as an operator reacts to what they see,
 from an event: `"when": {"topic": T, "data": {...}}` (the first message on subscribed topic T
@@ -80,10 +81,13 @@ def main() -> None:
     rclpy.init()
     node = rclpy.create_node("q2real_interop_peer")
     received: dict[str, dict] = {}
+    start = time.monotonic()
     for topic, kind in spec.get("subscribe", {}).items():
-        received[topic] = {"count": 0, "last": None}
+        received[topic] = {"count": 0, "last": None, "first_s": None}
 
         def store(message, topic=topic) -> None:
+            if received[topic]["first_s"] is None:
+                received[topic]["first_s"] = time.monotonic() - start
             received[topic]["count"] += 1
             received[topic]["last"] = fields(message)
 
@@ -92,12 +96,22 @@ def main() -> None:
     for item in spec.get("publish", []):
         writer = node.create_publisher(TYPES[item["type"]], item["topic"], qos_profile_system_default)
         publishers.append((item, writer))
-    start = time.monotonic()
     sent: dict[str, int] = {}
     seen: dict[str, float] = {}  # event -> when it first happened
-    while time.monotonic() - start < spec["seconds"]:
+    # With "from_first", the window opens once every subscribed topic has delivered (at most `wait`
+    # seconds after the start): what is counted is the traffic, not how long the other end took to
+    # start and be discovered.
+    end = start + spec["seconds"]
+    if spec.get("from_first"):
+        end = start + spec.get("wait", 30.0)
+    opened = not spec.get("from_first")
+    while time.monotonic() < end:
         rclpy.spin_once(node, timeout_sec=0.001)
         now = time.monotonic()
+        if not opened and all(r["count"] for r in received.values()):
+            for r in received.values():
+                r["count"] = 0  # counts are of the window
+            opened, end = True, now + spec["seconds"]
         for item, writer in publishers:
             if "when" in item:
                 event = json.dumps(item["when"], sort_keys=True)

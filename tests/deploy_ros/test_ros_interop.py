@@ -52,7 +52,7 @@ def run_peer(distro: str, spec: dict) -> dict:
         [_peer_python(distro), str(PEER), json.dumps(spec)],
         capture_output=True,
         text=True,
-        timeout=spec["seconds"] + 60,
+        timeout=spec["seconds"] + spec.get("wait", 30.0) + 60,
         env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -123,6 +123,7 @@ def test_a_ros2_peer_receives_joint_states_commands_and_diagnostics(distro, styl
         with node_running(trained_bundle, config):
             spec = {
                 "seconds": 5.0,
+                "from_first": True,
                 "subscribe": {"/joint_states": "JointState", commands: kind, "/diagnostics": "DiagnosticArray"},
             }
             got = run_peer(distro, spec)["received"]
