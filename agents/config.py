@@ -12,6 +12,8 @@ from q2real.agents.common.actor_critic import ActorCriticConfig
 from q2real.agents.common.run_dir import LogConfig
 from q2real.agents.common.samplers import SamplerConfig
 from q2real.agents.coxq import COXQConfig
+from q2real.agents.crossq import CrossQConfig
+from q2real.agents.droq import DroQConfig
 from q2real.agents.flashsac import FlashSACConfig
 from q2real.agents.pql import PQLConfig
 from q2real.agents.sac import SACConfig
@@ -26,6 +28,8 @@ LEARNER_CONFIGS: dict[str, type[ActorCriticConfig]] = {
     "td3": TD3Config,
     "ddpg": DDPGConfig,
     "flashsac": FlashSACConfig,
+    "crossq": CrossQConfig,
+    "droq": DroQConfig,
     "sac_lag": SACLagConfig,
     "coxq": COXQConfig,
 }
@@ -36,7 +40,7 @@ LEARNER_CONFIGS: dict[str, type[ActorCriticConfig]] = {
 class TrainConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(task="pendulum_swingup", num_envs=4))
     log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=5_000))
-    algo: Literal["sac", "td3", "ddpg", "flashsac", "sac_lag", "coxq"] = "sac"
+    algo: Literal["sac", "td3", "ddpg", "flashsac", "crossq", "droq", "sac_lag", "coxq"] = "sac"
     """Which learner; its settings are the section of the same name (`sac:`, `td3:`, ...)."""
     agent: ActorCriticConfig = section("algo", LEARNER_CONFIGS, "sac")
     """The learner's settings, written under the algo's name; switching `algo` starts from its defaults."""

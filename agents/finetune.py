@@ -118,7 +118,7 @@ class Finetuner(Trainer):
         if (self.source / "config.yaml").is_file() and (kind := job_kind(str(self.source / "config.yaml"), [])) != "rl":
             raise ConfigError(
                 f"run: {config.run} is a {kind} run; fine-tuning continues an off-policy RL run (sac, td3, flashsac, "
-                "sac_lag, coxq, ddpg)"
+                "crossq, droq, sac_lag, coxq, ddpg)"
             )
         self.run_config = load_run_config(self.source, CHECKPOINT)
         super().__init__(handoff_config(config, self.run_config), [HandoffEval()], resume=resume)

@@ -10,6 +10,7 @@ from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT, check_config, check_shapes, load_checkpoint
 from q2real.agents.config import TrainConfig
 from q2real.agents.coxq import COXQ
+from q2real.agents.crossq import CrossQ
 from q2real.agents.sac import SAC
 from q2real.agents.sac_lag import SACLag
 from q2real.agents.td3 import TD3
@@ -21,6 +22,8 @@ ALGORITHMS: dict[str, type[ActorCritic]] = {
     "td3": TD3,
     "ddpg": TD3,
     "flashsac": SAC,
+    "crossq": CrossQ,
+    "droq": SAC,
     "sac_lag": SACLag,
     "coxq": COXQ,
 }
@@ -28,6 +31,7 @@ ALGORITHMS: dict[str, type[ActorCritic]] = {
 # run that agrees on them (keys a section lacks, such as SAC's target_actor, are skipped).
 AGENT_SHAPE_KEYS = (
     "network",
+    "critic_network",
     "actor_hidden",
     "critic_hidden",
     "num_critics",
@@ -37,6 +41,7 @@ AGENT_SHAPE_KEYS = (
     "num_cost_critics",
     "noise_repeat",
     "target_actor",
+    "target_network",
     "chunk",
 )
 

@@ -1,4 +1,6 @@
-"""GPU smoke run: SAC, FlashSAC, PQL and D-SPEAR for a few thousand steps on MJX + CUDA.
+"""GPU smoke run: SAC, FlashSAC, PQL and D-SPEAR for a few thousand steps on MJX + CUDA, then the
+locomotion skill presets at GPU scale (`crossq_spot_joystick_mjx`, `crossq_gr1_stand_mjx`: 4096 envs,
+batch 8192) for `--skill-steps`.
 
 Each learner trains through the shared loop with the env and the learner on the GPU (`env.backend=mjx`,
 `env.device=cuda`), one after the other in this invocation, and reports its steady-state env steps/s
@@ -32,6 +34,8 @@ LEARNERS = {
     "pql": ["algo=sac", "pql.enabled=true"],
     "dspear": ["algo=sac", "sampler.kind=dspear"],
 }
+SKILL_PRESETS = {"spot_crossq": "crossq_spot_joystick_mjx", "gr1_crossq": "crossq_gr1_stand_mjx"}
+"""Rows that train a shipped preset as it is (its own task, envs and learner), for `--skill-steps`."""
 
 
 def missing_gpu() -> str | None:
@@ -48,23 +52,32 @@ def missing_gpu() -> str | None:
 
 
 def run(name: str, args: argparse.Namespace, root: str) -> dict:
-    overrides = [
-        *LEARNERS[name],
-        f"env.task={args.task}",
-        "env.backend=mjx",
-        "env.device=cuda",
-        f"env.num_envs={args.num_envs}",
-        f"total_steps={args.steps}",
-        f"warmup_steps={args.num_envs * 4}",
-        "eval_every=0",
-        "checkpoint_every=0",
-        f"log.interval_steps={args.num_envs * 8}",
-        "log.tensorboard=false",
-        f"log.root={root}",
-        f"log.name={name}",
-    ]
+    logging = ["checkpoint_every=0", "log.tensorboard=false", f"log.root={root}", f"log.name={name}"]
+    if name in SKILL_PRESETS:
+        preset = load(TrainConfig, SKILL_PRESETS[name])
+        envs = preset.env.num_envs
+        config = load(
+            TrainConfig,
+            SKILL_PRESETS[name],
+            [f"total_steps={args.skill_steps}", f"eval_every={args.skill_steps}", f"log.interval_steps={envs * 8}"]
+            + logging,
+        )
+    else:
+        overrides = [
+            *LEARNERS[name],
+            f"env.task={args.task}",
+            "env.backend=mjx",
+            "env.device=cuda",
+            f"env.num_envs={args.num_envs}",
+            f"total_steps={args.steps}",
+            f"warmup_steps={args.num_envs * 4}",
+            "eval_every=0",
+            f"log.interval_steps={args.num_envs * 8}",
+            *logging,
+        ]
+        config = load(TrainConfig, None, overrides)
     started = time.perf_counter()
-    trainer = train(load(TrainConfig, None, overrides))
+    trainer = train(config)
     seconds = time.perf_counter() - started
     windows = [r for r in read_metrics(trainer.path / "metrics.jsonl") if "env_steps_per_s" in r][1:]
     learning = [r for r in windows if r.get("updates_per_s", 0) > 0]
@@ -82,7 +95,11 @@ def main() -> None:
     parser.add_argument("--task", default="cartpole_swingup")
     parser.add_argument("--num-envs", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=200_000, help="env steps per learner (summed over envs)")
-    parser.add_argument("--only", nargs="+", choices=sorted(LEARNERS), default=sorted(LEARNERS))
+    parser.add_argument(
+        "--skill-steps", type=int, default=2_000_000, help="env steps per skill preset (summed over envs)"
+    )
+    rows = sorted(LEARNERS) + sorted(SKILL_PRESETS)
+    parser.add_argument("--only", nargs="+", choices=rows, default=rows)
     args = parser.parse_args()
     result: dict[str, object] = {"task": args.task, "num_envs": args.num_envs, "steps": args.steps}
     reason = missing_gpu()

@@ -59,10 +59,16 @@ class TaskEnv(VecEnv):
             raise ConfigError(
                 f"env.task_params.episode_length: expected >= 1 control step, got {task_config.episode_length}"
             )
+        if task_config.command_every < 0:
+            raise ConfigError(
+                f"env.task_params.command_every: expected >= 0 control steps (0: one command per episode), "
+                f"got {task_config.command_every}"
+            )
         self.task = task_cls(spec, model, task_config, self.device)
         self.spec = spec
         self.has_cost = self.task.has_cost
         self.episode_length = task_config.episode_length
+        self._command_every = task_config.command_every if self.task.command_dim else 0
 
         dr = config.randomization
         dr_gen = torch.Generator().manual_seed(config.seed)
@@ -167,13 +173,15 @@ class TaskEnv(VecEnv):
             if self.config.shield_penalty > 0:
                 penalty = self.config.shield_penalty * torch.where(changed, (wanted - applied).abs(), 0.0).mean(-1)
         physics = self.backend.step(self.task.action_to_ctrl(applied), self._push() if self._pushes else None)
+        reward = self.task.reward(physics, applied)
+        self._steps += 1
+        if self._command_every:
+            self.task.resample_command(self._steps % self._command_every == 0, self._gen)
         true_obs = self.task.observe(physics)
         diverged = ~torch.isfinite(true_obs).all(dim=-1)
         terminated = self.task.terminated(physics) | diverged
-        self._steps += 1
         truncated = (self._steps >= self.episode_length) & ~terminated
         next_obs = self._noisy(true_obs)
-        reward = self.task.reward(physics, applied)
         if penalty is not None:
             reward = reward - penalty
         success = self.task.success(physics)

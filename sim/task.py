@@ -28,6 +28,10 @@ class TaskConfig:
     pose for position-controlled robots, a fraction of the effort limit for torque-controlled ones;
     None: the whole range (the nearer position limit, the whole effort limit). The bundle carries the
     resulting per-joint scale, so shield and gate map actions as the task did."""
+    command_every: int = 0
+    """Control steps between fresh commands within an episode (0: one command per episode). As a
+    joystick does, the command changes under a running policy; the step's reward is paid for the
+    command it was taken under, and its observation shows the new one."""
     observe_last_action: bool = False
     """Append the policy's previous action (clipped to [-1, 1]; zeros at an episode's start, where the
     previous target is the default pose) to the observation, as the deploy node's `last_action` term
@@ -112,7 +116,7 @@ class Task(ABC):
         return torch.zeros(num_envs, 0, device=self.device)
 
     def resample_command(self, mask: torch.Tensor, gen: torch.Generator) -> None:
-        """Give the envs where `mask` is true a new command (called on every reset)."""
+        """Give the envs where `mask` is true a new command (on every reset and every `command_every` steps)."""
         new = self.sample_command(mask.shape[0], gen)
         self.command = new if len(self.command) != len(new) else torch.where(mask[:, None], new, self.command)
 

@@ -41,10 +41,17 @@ class ActorCriticConfig:
     critic_lr: float = 3e-4
     weight_decay: float = 0.0
     """AdamW weight decay (0 = Adam)."""
+    adam_beta1: float = 0.9
+    """Adam's first-moment decay for the actor and critics (CrossQ: 0.5)."""
     actor_hidden: tuple[int, ...] = (256, 256)
     critic_hidden: tuple[int, ...] = (256, 256)
     """Layer widths; for the `flash` trunk, one entry per inverted-residual block."""
     network: Trunk = "mlp"
+    critic_network: Trunk | None = None
+    """The critics' trunk where it differs from the actor's (DroQ: layernorm critics, an mlp actor);
+    None: `network`."""
+    critic_dropout: float = 0.0
+    """Dropout after each hidden linear map of the critics (DroQ: 0.01), in the target critic too."""
     num_critics: int = 2
     target_subset: int = 0
     """Bootstrap from the minimum over a random subset of this many target critics, drawn per update
@@ -71,6 +78,9 @@ class ActorCriticConfig:
     cross_batch: bool = False
     """Run online and target critics on (s, a) and (s', a') as one batch, so BatchNorm statistics are
     shared between predictions and targets (FlashSAC's cross-batch value prediction)."""
+    target_network: bool = True
+    """False: no target critic; the TD target is the online critic's own (detached) value of (s', a')
+    from the same joint forward pass as Q(s, a) (CrossQ; needs cross_batch)."""
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     """Action chunks: the policy predicts several actions per query and the critic values them together."""
 
@@ -84,11 +94,18 @@ class ActorCriticConfig:
             (_positive(self.actor_lr), "actor_lr", "> 0 and finite"),
             (_positive(self.critic_lr), "critic_lr", "> 0 and finite"),
             (0 <= self.weight_decay < math.inf, "weight_decay", ">= 0 and finite"),
+            (0 <= self.adam_beta1 < 1, "adam_beta1", "in [0, 1)"),
             (_widths(self.actor_hidden), "actor_hidden", "one or more widths, each >= 1"),
             (_widths(self.critic_hidden), "critic_hidden", "one or more widths, each >= 1"),
             # The flash trunk has one width for every block; the others would be silently ignored.
             (self.network != "flash" or len(set(self.actor_hidden)) == 1, "actor_hidden", "equal widths (flash)"),
-            (self.network != "flash" or len(set(self.critic_hidden)) == 1, "critic_hidden", "equal widths (flash)"),
+            (
+                self.critic_trunk != "flash" or len(set(self.critic_hidden)) == 1,
+                "critic_hidden",
+                "equal widths (flash)",
+            ),
+            (0 <= self.critic_dropout < 1, "critic_dropout", "in [0, 1)"),
+            (self.critic_dropout == 0 or self.critic_trunk != "flash", "critic_dropout", "0 for the flash trunk"),
             (self.num_critics >= 1, "num_critics", ">= 1"),
             (0 <= self.target_subset <= self.num_critics, "target_subset", f"in [0, num_critics={self.num_critics}]"),
             (self.target_subset == 0 or self.chunk.critic == "qc", "target_subset", "0 for chunk.critic dqc/multi"),
@@ -107,7 +124,12 @@ class ActorCriticConfig:
                 "scalar for chunk.critic dqc/multi",
             ),
             (self.chunk.critic == "qc" or not self.cross_batch, "cross_batch", "false for chunk.critic dqc/multi"),
+            (self.target_network or self.cross_batch, "target_network", "true unless cross_batch is true"),
         ]
+
+    @property
+    def critic_trunk(self) -> Trunk:
+        return self.critic_network or self.network
 
     def validate(self, where: str) -> None:
         for ok, key, expected in self.checks():
@@ -124,13 +146,14 @@ def _widths(hidden: tuple[int, ...]) -> bool:
     return len(hidden) > 0 and all(width >= 1 for width in hidden)
 
 
-def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def make_optimizer(params, lr: float, weight_decay: float, beta1: float = 0.9) -> torch.optim.Optimizer:
     """Adam, or AdamW with weight decay; fused kernels (one launch for all tensors) where supported."""
     params = list(params)
     fused = all(p.device.type in ("cpu", "cuda") for p in params)
+    betas = (beta1, 0.999)
     if weight_decay > 0:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
-    return torch.optim.Adam(params, lr=lr, fused=fused)
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
+    return torch.optim.Adam(params, lr=lr, betas=betas, fused=fused)
 
 
 class ActorCritic(nn.Module):
@@ -164,20 +187,27 @@ class ActorCritic(nn.Module):
             )
         else:
             self.critic = Critic(
-                obs_dim, action_dim * chunk.size, config.critic_hidden, config.network, config.num_critics, out
+                obs_dim,
+                action_dim * chunk.size,
+                config.critic_hidden,
+                config.critic_trunk,
+                config.num_critics,
+                out,
+                config.critic_dropout,
             )
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False) if config.target_network else None
         self.prefix_critic = self.prefix_target = None
         if chunk.critic == "dqc":
             self.prefix_critic = Critic(
-                obs_dim, self.policy_dim, config.critic_hidden, config.network, config.num_critics, out
+                obs_dim, self.policy_dim, config.critic_hidden, config.critic_trunk, config.num_critics, out
             )
             self.prefix_target = copy.deepcopy(self.prefix_critic).requires_grad_(False)
         self.actor = self.build_actor()
         self.to(device)
         self.device = device
-        self.critic_optim = make_optimizer(self.critics().parameters(), config.critic_lr, config.weight_decay)
-        self.actor_optim = make_optimizer(self.actor.parameters(), config.actor_lr, config.weight_decay)
+        beta1 = config.adam_beta1
+        self.critic_optim = make_optimizer(self.critics().parameters(), config.critic_lr, config.weight_decay, beta1)
+        self.actor_optim = make_optimizer(self.actor.parameters(), config.actor_lr, config.weight_decay, beta1)
         self.updates = 0
 
     # --- pieces an algorithm provides -------------------------------------------------------------
@@ -274,7 +304,8 @@ class ActorCritic(nn.Module):
         loss = ActorCritic.td_loss if kind == "qc" else multi_horizon_loss if kind == "multi" else decoupled_loss
         critic_loss, td_abs = loss(self, batch)
         self._step(self.critic_optim, critic_loss, self.critics())
-        polyak(self.critic_target, self.critic, cfg.tau)
+        if self.critic_target is not None:
+            polyak(self.critic_target, self.critic, cfg.tau)
         if self.prefix_critic is not None and self.prefix_target is not None:
             polyak(self.prefix_target, self.prefix_critic, cfg.tau)
         self.updates += 1
@@ -292,10 +323,15 @@ class ActorCritic(nn.Module):
         if cfg.cross_batch:
             n = obs.shape[0]
             both_obs, both_actions = torch.cat([obs, next_obs]), torch.cat([batch.action, next_action])
-            with torch.no_grad():
-                target_out = self.critic_target(both_obs, both_actions)[:, n:]
-            out = self.critic(both_obs, both_actions)[:, :n]
+            both = self.critic(both_obs, both_actions)
+            out = both[:, :n]
+            if self.critic_target is None:
+                target_out = both[:, n:].detach()
+            else:
+                with torch.no_grad():
+                    target_out = self.critic_target(both_obs, both_actions)[:, n:]
         else:
+            assert self.critic_target is not None, "target_network=false needs cross_batch"
             with torch.no_grad():
                 target_out = self.critic_target(next_obs, next_action)
             out = self.critic(obs, batch.action)

@@ -150,6 +150,7 @@ def multi_horizon_loss(agent: ActorCritic, batch: Batch) -> tuple[torch.Tensor, 
     double-Q loss on all B x h predictions at once); each sample's |TD error| is its largest over prefixes."""
     prefixes = batch.prefixes
     assert prefixes is not None, "multi-horizon critics train on chunk windows (gather with chunk > 1)"
+    assert agent.critic_target is not None, "chunk.critic=multi keeps a target critic"
     batch_size, size = prefixes.reward.shape
     obs = agent.obs_norm(batch.obs)
     next_obs = agent.obs_norm(prefixes.next_obs.flatten(0, 1))

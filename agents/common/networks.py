@@ -1,9 +1,11 @@
 """Network blocks. Every layer carries a leading ensemble dimension E, so twin (or more) critics run
 as one fused batched matmul instead of E separate modules; an actor is simply E = 1.
 
-Tensors flow as (E, B, features). Three trunks share the interface:
+Tensors flow as (E, B, features). Four trunks share the interface:
   mlp        Linear -> act, the SAC/TD3 papers' default
   layernorm  Linear -> LayerNorm -> act, FastSAC-style stabilisation
+  renorm     BatchRenorm on the input, then Linear -> ReLU -> BatchRenorm per layer (CrossQ, Bhatt
+             et al. 2024, Sec. 3 and their `sbx` policies: the layer order and the renorm settings)
   flash      FlashSAC (Kim et al. 2026, Sec. 3): BatchNorm -> unit-norm linear embedding, inverted
              residual blocks x + ReLU(BN(W2 ReLU(BN(W1 x)))) with W1: h -> 4h, W2: 4h -> h, then RMSNorm;
              weight rows are projected back to unit norm after every optimizer step (`project_weights`).
@@ -17,7 +19,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-Trunk = Literal["mlp", "layernorm", "flash"]
+Trunk = Literal["mlp", "layernorm", "flash", "renorm"]
 
 
 class EnsembleLinear(nn.Module):
@@ -88,6 +90,52 @@ class EnsembleBatchNorm(nn.Module):
         self.scale.mul_(math.sqrt(d) / self.scale.norm(dim=-1, keepdim=True).clamp_min(1e-8))
 
 
+class EnsembleBatchRenorm(EnsembleBatchNorm):
+    """Batch renormalization (Ioffe 2017), as CrossQ uses it: in training, x is normalized with the
+    batch's statistics and then corrected towards the running ones by r = sigma_B / sigma and
+    d = (mu_B - mu) / sigma, clipped to [1/r_max, r_max] and [-d_max, d_max] and not differentiated,
+    so a prediction no longer depends on which other samples share its batch. For the first `warmup`
+    training passes r = 1 and d = 0 (plain BatchNorm), while the running statistics settle.
+    Evaluation uses the running statistics, as BatchNorm does.
+    """
+
+    steps: torch.Tensor
+
+    def __init__(
+        self,
+        ensemble: int,
+        features: int,
+        momentum: float = 0.01,
+        eps: float = 1e-3,
+        r_max: float = 3.0,
+        d_max: float = 5.0,
+        warmup: int = 100_000,
+    ):
+        super().__init__(ensemble, features, momentum, eps)
+        self.r_max, self.d_max, self.warmup = r_max, d_max, warmup
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and x.shape[1] > 1):
+            return super().forward(x)
+        mean = x.mean(dim=1, keepdim=True)
+        var = (x * x).mean(dim=1, keepdim=True).sub_(mean * mean).clamp_min_(0.0)
+        inv_std = torch.rsqrt(var + self.eps)
+        with torch.no_grad():
+            running_std = (self.running_var + self.eps).sqrt()
+            # Without a host sync: a 0/1 gate on the step count instead of a Python branch.
+            on = (self.steps >= self.warmup).to(x.dtype)
+            r = 1 + on * ((1 / (inv_std * running_std)).clamp(1 / self.r_max, self.r_max) - 1)
+            d = on * ((mean - self.running_mean) / running_std).clamp(-self.d_max, self.d_max)
+            self.running_mean.lerp_(mean, self.momentum)
+            self.running_var.lerp_(var, self.momentum)
+            self.steps += 1
+        # ((x - mean) / std * r + d) * scale + shift, folded into one multiply-add over the batch: the
+        # per-feature factors are small, and elementwise passes over (E, B, F) cost more than the matmuls.
+        gain = inv_std * r * self.scale
+        return torch.addcmul((d - mean * inv_std * r) * self.scale + self.shift, x, gain)
+
+
 class EnsembleRMSNorm(nn.Module):
     def __init__(self, ensemble: int, features: int, eps: float = 1e-6):
         super().__init__()
@@ -116,8 +164,9 @@ class InvertedResidual(nn.Module):
         return x + torch.relu(self.norm_down(self.down(h)))
 
 
-def trunk(kind: Trunk, ensemble: int, in_features: int, hidden: tuple[int, ...]) -> nn.Sequential:
-    """Feature extractor (E, B, in) -> (E, B, hidden[-1]). For `flash`, hidden = (width,) * blocks."""
+def trunk(kind: Trunk, ensemble: int, in_features: int, hidden: tuple[int, ...], dropout: float = 0.0) -> nn.Sequential:
+    """Feature extractor (E, B, in) -> (E, B, hidden[-1]). For `flash`, hidden = (width,) * blocks.
+    `dropout` follows each hidden layer's linear map (DroQ's Linear -> Dropout -> LayerNorm -> act)."""
     if kind == "flash":
         width = hidden[0]
         layers: list[nn.Module] = [
@@ -127,14 +176,25 @@ def trunk(kind: Trunk, ensemble: int, in_features: int, hidden: tuple[int, ...])
         layers += [InvertedResidual(ensemble, width, momentum=0.01) for _ in hidden]
         layers.append(EnsembleRMSNorm(ensemble, width))
         return nn.Sequential(*layers)
-    layers = []
+    layers = [EnsembleBatchRenorm(ensemble, in_features)] if kind == "renorm" else []
     for width in hidden:
         layers.append(EnsembleLinear(ensemble, in_features, width))
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
         if kind == "layernorm":
             layers.append(EnsembleLayerNorm(ensemble, width))
-        layers.append(nn.ReLU() if kind == "mlp" else nn.SiLU())
+        layers.append(nn.SiLU() if kind == "layernorm" else nn.ReLU())
+        if kind == "renorm":
+            layers.append(EnsembleBatchRenorm(ensemble, width))
         in_features = width
     return nn.Sequential(*layers)
+
+
+def set_renorm_warmup(module: nn.Module, warmup: int) -> None:
+    """Training passes every batch-renorm layer in `module` runs as plain BatchNorm before it corrects."""
+    for layer in module.modules():
+        if isinstance(layer, EnsembleBatchRenorm):
+            layer.warmup = warmup
 
 
 @torch.no_grad()
@@ -149,10 +209,19 @@ class Critic(nn.Module):
     """E action-value networks Q_i(s, a) evaluated together; each outputs `out_features` values
     (1 for a scalar Q, the atom count for a categorical critic)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], kind: Trunk, ensemble: int, out: int):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden: tuple[int, ...],
+        kind: Trunk,
+        ensemble: int,
+        out: int,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.ensemble = ensemble
-        self.body = trunk(kind, ensemble, obs_dim + action_dim, hidden)
+        self.body = trunk(kind, ensemble, obs_dim + action_dim, hidden, dropout)
         self.head = EnsembleLinear(ensemble, hidden[-1] if kind != "flash" else hidden[0], out)
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Spot joystick: follow a commanded planar velocity on flat ground (PD position control, 50 Hz).
 
-Command (per episode): forward and lateral speed (m/s) and yaw rate (rad/s) in the base frame,
-uniform in the configured ranges; on the robot it is `cmd_vel`. Observation terms:
+Command: forward and lateral speed (m/s) and yaw rate (rad/s) in the base frame, uniform in the
+configured ranges, all three zero in `zero_command_share` of draws (standing still is a command too),
+drawn at reset and again every `command_every` steps (5 s), as MuJoCo Playground's joystick tasks
+resample theirs; on the robot it is `cmd_vel`. Observation terms:
 `base_angular_velocity` (base frame), `projected_gravity` (unit gravity in the base frame),
 `command` (3), `joint_position` (12, offset from the default stance) and `joint_velocity` (12): what
 the robot's IMU and encoders give. The base's linear velocity is not observed, as in most legged
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from q2real.configs.loader import ConfigError
 from q2real.sim.physics import PhysicsState
 from q2real.sim.tasks.floating_base import FloatingBaseConfig, FloatingBaseTask
 
@@ -27,6 +30,8 @@ from q2real.sim.tasks.floating_base import FloatingBaseConfig, FloatingBaseTask
 @dataclass
 class SpotJoystickConfig(FloatingBaseConfig):
     episode_length: int = 1000
+    command_every: int = 250
+    zero_command_share: float = 0.1
     forward_speed: tuple[float, float] = (-1.0, 1.0)
     lateral_speed: tuple[float, float] = (-0.5, 0.5)
     yaw_rate: tuple[float, float] = (-1.0, 1.0)
@@ -47,10 +52,18 @@ class SpotJoystick(FloatingBaseTask):
     config: SpotJoystickConfig
     command_dim = 3
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not 0 <= self.config.zero_command_share <= 1:
+            share = self.config.zero_command_share
+            raise ConfigError(f"env.task_params.zero_command_share: expected in [0, 1], got {share}")
+
     def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
         c = self.config
         ranges = (c.forward_speed, c.lateral_speed, c.yaw_rate)
-        return torch.stack([self._uniform(gen, lo, hi, (num_envs,)) for lo, hi in ranges], dim=-1)
+        command = torch.stack([self._uniform(gen, lo, hi, (num_envs,)) for lo, hi in ranges], dim=-1)
+        moving = self._uniform(gen, 0.0, 1.0, (num_envs, 1)) >= c.zero_command_share
+        return command * moving
 
     def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
         return {

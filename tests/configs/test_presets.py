@@ -48,6 +48,10 @@ def test_the_pendulum_preset_is_how_the_committed_run_was_trained() -> None:
         config["sac"].pop("target_subset", None)  # before critic subsets: 0, the minimum over all critics
         config["sac"].pop("num_quantiles", None)  # before quantile heads (unused by a scalar head)
         config["sac"].pop("drop_top", None)
+        config["sac"].pop("adam_beta1", None)  # before CrossQ: Adam's default 0.9
+        config["sac"].pop("target_network", None)  # and every learner kept a target critic
+        config["sac"].pop("critic_network", None)  # and critics shared the actor's trunk, without dropout
+        config["sac"].pop("critic_dropout", None)
     assert preset == trained
 
 
@@ -62,5 +66,23 @@ def test_the_panda_reach_preset_is_how_the_committed_bench_run_was_trained() -> 
         config["sac"].pop("target_subset", None)  # and before critic subsets (0: the minimum over all)
         config["sac"].pop("num_quantiles", None)  # and before quantile heads (unused by a scalar head)
         config["sac"].pop("drop_top", None)
+        config["sac"].pop("adam_beta1", None)
+        config["sac"].pop("target_network", None)
+        config["sac"].pop("critic_network", None)
+        config["sac"].pop("critic_dropout", None)
     assert preset == trained
     assert to_dict(load(TrainConfig, "sac_panda_reach"))["sac"]["chunk"]["size"] == 1
+
+
+@pytest.mark.parametrize("task", ["spot_joystick", "gr1_stand"])
+def test_the_locomotion_skill_presets_train_crossq_on_what_the_robot_gives(task: str) -> None:
+    """`bench/skills.py` trains these: CrossQ, the previous action observed (the node's `last_action`
+    term), the shield's clamps in the loop, and the 20 s episodes the skill is judged on."""
+    config = load(TrainConfig, f"crossq_{task}")
+    assert config.env.task == task and config.algo == "crossq"
+    assert config.env.task_params["observe_last_action"] is True
+    assert config.env.shield_in_loop is not False
+    assert config.agent.target_network is False and config.agent.network == "renorm"
+    if task == "gr1_stand":
+        assert config.env.task_params["episode_length"] == 1000
+        assert config.env.randomization.push_force[1] > 0, "GR1 learns to stand through pushes"

@@ -1,0 +1,261 @@
+"""Skills within a CPU hour: does the policy q2real trains do the job, judged on physics, not return.
+
+One training run per `--task` and `--seed` (each invocation; results merged into one file, so the
+seeds of one task can run in separate sittings), from the task's skill preset, stopped after
+`--minutes` of wall-clock (training, evaluation and all) or at the preset's `total_steps`. Every
+`--eval-every` env steps the deterministic policy is judged on `--episodes` seeded episodes of the
+training env's randomization (the same seeds at every point):
+
+  spot_joystick  20 s episodes, commands drawn in the task's ranges and redrawn every 5 s (10 % of
+                 them zero): mean |v_xy - cmd_xy| (m/s) and |w_z - cmd_z| (rad/s) over the steps
+                 the robot is up, and the share of episodes that end in a fall;
+  gr1_stand      20 s episodes with the preset's pushes: the share still standing at the end;
+  panda_push     the task's episodes: the share that puts the cube on the target.
+
+Headline keys (the median over the seeds run so far of each seed's last point):
+`spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`, `gr1_stand_rate`,
+`push_success`; per seed also `env_steps`, `updates`, `seconds`. The best seed's policy is exported
+as `bench/results/skills/<task>.onnx`, its run directory kept under `bench/results/skills/runs/`
+(networks only). Curves go to bench/results/skills.png; figures to bench/results/skills.json, whose
+headline is also the last line printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from q2real.agents.callbacks import Callback, Every, StopTraining, deterministic_policy, evaluate_episodes
+from q2real.agents.config import TrainConfig
+from q2real.agents.export import export_run
+from q2real.agents.train import Trainer
+from q2real.configs.loader import load
+from q2real.hardware import robot_spec
+from q2real.sim import VecEnv, make
+from q2real.sim.registry import describe
+from q2real.sim.tasks.floating_base import FloatingBaseTask
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SKILLS = RESULTS / "skills"
+PRESETS = {"spot_joystick": "crossq_spot_joystick", "gr1_stand": "crossq_gr1_stand", "panda_push": "sac_panda_push"}
+EVAL_SEED = 777_000
+EPISODE_SECONDS = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Skill:
+    """How a task's skill is judged: `measure(policy, env)` -> figures, and the figure that ranks seeds."""
+
+    measure: Callable[[Callable[[torch.Tensor], torch.Tensor], VecEnv], dict[str, float]]
+    rank: str
+    lower_is_better: bool
+    headline: dict[str, str]
+    """headline key -> the figure it reports."""
+
+
+@torch.no_grad()
+def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv) -> dict[str, float]:
+    """Tracking errors over the steps each robot is up, and the share of episodes that end fallen;
+    one episode per env, each the env's full length."""
+    task = env.task
+    assert isinstance(task, FloatingBaseTask)
+    obs = env.reset(seed=EVAL_SEED)
+    n = env.num_envs
+    up = torch.ones(n, dtype=torch.bool)
+    fell = torch.zeros(n, dtype=torch.bool)
+    lin = torch.zeros(n)
+    ang = torch.zeros(n)
+    steps = torch.zeros(n)
+    for _ in range(env.episode_length):
+        command = task.command.clone()
+        result = env.step(policy(obs))
+        # After an auto-reset the physics is the new episode's; the step that ended one is not measured.
+        counted = up & ~result.done
+        if task.command_dim:
+            v, w = task.base_linear_velocity(env.physics), task.base_angular_velocity(env.physics)
+            lin += torch.where(counted, (v[:, :2] - command[:, :2]).norm(dim=-1), 0.0)
+            ang += torch.where(counted, (w[:, 2] - command[:, 2]).abs(), 0.0)
+        steps += counted.float()
+        fell |= up & result.terminated
+        up &= ~result.done
+        obs = result.obs
+    total = float(steps.sum().clamp_min(1))
+    return {
+        "tracking_error_lin": float(lin.sum()) / total,
+        "tracking_error_ang": float(ang.sum()) / total,
+        "fall_rate": float(fell.float().mean()),
+        "stand_rate": float(1 - fell.float().mean()),
+    }
+
+
+@torch.no_grad()
+def manipulation(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv) -> dict[str, float]:
+    episodes = evaluate_episodes(policy, env, EVAL_SEED)
+    assert episodes.success is not None, f"{env.config.task} has no success test"
+    return {"success": float(episodes.success.float().mean()), "return": float(episodes.returns.mean())}
+
+
+SKILLS_BY_TASK = {
+    "spot_joystick": Skill(
+        locomotion,
+        "tracking_error_lin",
+        True,
+        {
+            "spot_tracking_error_lin": "tracking_error_lin",
+            "spot_tracking_error_ang": "tracking_error_ang",
+            "spot_fall_rate": "fall_rate",
+        },
+    ),
+    "gr1_stand": Skill(locomotion, "stand_rate", False, {"gr1_stand_rate": "stand_rate"}),
+    "panda_push": Skill(manipulation, "success", False, {"push_success": "success"}),
+}
+
+
+class SkillCurve(Callback):
+    """Judges the skill every `every` env steps and at the end; stops training after `budget` seconds."""
+
+    def __init__(self, skill: Skill, env: VecEnv, every: int, budget: float):
+        self.skill, self.env, self.budget = skill, env, budget
+        self.every = Every(every, 0)
+        self.points: list[dict[str, float]] = []
+        self.start = time.monotonic()
+
+    def on_start(self, trainer) -> None:
+        self.start = time.monotonic()
+
+    def point(self, trainer) -> None:
+        began = time.monotonic()
+        figures = self.skill.measure(deterministic_policy(trainer.agent, self.env), self.env)
+        point = {"env_steps": trainer.step, "updates": trainer.agent.updates, "seconds": began - self.start}
+        self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
+        print(f"  skill at {trainer.step:,} env steps, {point['seconds'] / 60:.1f} min: {shown}", flush=True)
+
+    def on_iteration(self, trainer) -> None:
+        if self.every.due(trainer.step):
+            self.point(trainer)
+        if time.monotonic() - self.start >= self.budget:
+            raise StopTraining
+
+    def on_end(self, trainer) -> None:
+        if not self.points or self.points[-1]["env_steps"] != trainer.step:
+            self.point(trainer)
+
+
+def eval_env(config: TrainConfig, episodes: int) -> VecEnv:
+    """The training env's randomization and task settings, `episodes` envs, 20 s episodes for the
+    legged tasks (the task's own length for manipulation)."""
+    params = dict(config.env.task_params)
+    if config.env.task in ("spot_joystick", "gr1_stand"):
+        period = robot_spec(describe(config.env.task).robot).control_period
+        params["episode_length"] = round(EPISODE_SECONDS / period)
+    return make(config.env, num_envs=episodes, seed=EVAL_SEED, task_params=params)
+
+
+def run(task: str, seed: int, minutes: float, every: int, episodes: int, overrides: list[str]) -> dict:
+    config = load(TrainConfig, PRESETS[task], [f"env.seed={seed}", *overrides])
+    skill = SKILLS_BY_TASK[task]
+    env = eval_env(config, episodes)
+    curve = SkillCurve(skill, env, every, minutes * 60)
+    try:
+        trainer = Trainer(config, [curve])
+        path = trainer.run()
+    finally:
+        env.close()
+    last = curve.points[-1]
+    return {
+        "run_dir": str(path),
+        "preset": PRESETS[task],
+        "overrides": overrides,
+        "env_steps": last["env_steps"],
+        "updates": last["updates"],
+        "seconds": last["seconds"],
+        "final": {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")},
+        "curve": curve.points,
+    }
+
+
+def best_seed(task: str, seeds: dict[str, dict]) -> str:
+    skill = SKILLS_BY_TASK[task]
+    ranked = sorted(seeds, key=lambda s: seeds[s]["final"][skill.rank], reverse=not skill.lower_is_better)
+    return ranked[0]
+
+
+def headline(tasks: dict[str, dict]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for task, result in tasks.items():
+        seeds = result["seeds"]
+        for key, figure in SKILLS_BY_TASK[task].headline.items():
+            out[key] = statistics.median(run["final"][figure] for run in seeds.values())
+    return out
+
+
+def plot(tasks: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(task, figure) for task in tasks for figure in SKILLS_BY_TASK[task].headline.values()]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
+    for ax, (task, figure) in zip(axes[0], panels, strict=True):
+        for seed, run in sorted(tasks[task]["seeds"].items()):
+            xs = [p["env_steps"] for p in run["curve"]]
+            ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, label=f"seed {seed}")
+        ax.set_title(f"{task}: {figure.replace('_', ' ')}")
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of the run")
+    parser.add_argument("--eval-every", type=int, default=50_000, help="env steps between skill points")
+    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("overrides", nargs="*", help="config overrides on top of the task's preset")
+    args = parser.parse_args()
+
+    result = run(args.task, args.seed, args.minutes, args.eval_every, args.episodes, args.overrides)
+    path = RESULTS / "skills.json"
+    merged = json.loads(path.read_text()) if path.is_file() else {}
+    tasks = merged.get("tasks", {})
+    tasks.setdefault(args.task, {"seeds": {}})["seeds"][str(args.seed)] = result
+    best = best_seed(args.task, tasks[args.task]["seeds"])
+    tasks[args.task]["best_seed"] = int(best)
+    if best == str(args.seed):
+        SKILLS.mkdir(parents=True, exist_ok=True)
+        export_run(result["run_dir"], SKILLS / f"{args.task}.onnx")
+        kept = SKILLS / "runs" / args.task
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(result["run_dir"], kept, ignore=shutil.ignore_patterns("events.*", "*.tmp"))
+    figures = headline(tasks)
+    path.write_text(json.dumps(figures | {"tasks": tasks}, indent=2))
+    plot(tasks, RESULTS / "skills.png")
+
+    print(f"\n{'task':<15} {'seed':>4} {'env steps':>10} {'updates':>9} {'minutes':>8}  final")
+    for task, data in sorted(tasks.items()):
+        for seed, run_ in sorted(data["seeds"].items()):
+            shown = ", ".join(f"{k} {v:.3f}" for k, v in run_["final"].items())
+            print(
+                f"{task:<15} {seed:>4} {run_['env_steps']:>10,} {run_['updates']:>9,} "
+                f"{run_['seconds'] / 60:>8.1f}  {shown}"
+            )
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
