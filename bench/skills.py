@@ -8,7 +8,8 @@ training env's randomization (the same seeds at every point):
 
   spot_joystick  20 s episodes, commands drawn in the task's ranges and redrawn every 5 s (10 % of
                  them zero): mean |v_xy - cmd_xy| (m/s) and |w_z - cmd_z| (rad/s) over the steps
-                 the robot is up, and the share of episodes that end in a fall;
+                 the robot is up, the share of episodes that end in a fall, and the share of
+                 steps whose target the shield's rate limit cut (a gait that leans on it);
   gr1_stand      20 s episodes with the preset's pushes: the share still standing at the end;
   panda_push     the task's episodes: the share that puts the cube on the target.
 
@@ -41,12 +42,14 @@ from q2real.configs.loader import load
 from q2real.hardware import robot_spec
 from q2real.sim import VecEnv, make
 from q2real.sim.registry import describe
+from q2real.sim.shield_clamps import RULES
 from q2real.sim.tasks.floating_base import FloatingBaseTask
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SKILLS = RESULTS / "skills"
 PRESETS = {"spot_joystick": "crossq_spot_joystick", "gr1_stand": "crossq_gr1_stand", "panda_push": "sac_panda_push"}
 EVAL_SEED = 777_000
+RATE_LIMIT = RULES.index("RATE_LIMIT")
 EPISODE_SECONDS = 20.0
 
 
@@ -74,6 +77,7 @@ def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv) -> d
     lin = torch.zeros(n)
     ang = torch.zeros(n)
     steps = torch.zeros(n)
+    clamped = torch.zeros(n)
     for _ in range(env.episode_length):
         command = task.command.clone()
         result = env.step(policy(obs))
@@ -84,6 +88,8 @@ def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv) -> d
             lin += torch.where(counted, (v[:, :2] - command[:, :2]).norm(dim=-1), 0.0)
             ang += torch.where(counted, (w[:, 2] - command[:, 2]).abs(), 0.0)
         steps += counted.float()
+        if "shield_rules" in result.info:  # the rate limit's share is what a gait leaning on it shows
+            clamped += (counted & result.info["shield_rules"][:, RATE_LIMIT]).float()
         fell |= up & result.terminated
         up &= ~result.done
         obs = result.obs
@@ -93,6 +99,7 @@ def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv) -> d
         "tracking_error_ang": float(ang.sum()) / total,
         "fall_rate": float(fell.float().mean()),
         "stand_rate": float(1 - fell.float().mean()),
+        "rate_limited": float(clamped.sum()) / total,
     }
 
 

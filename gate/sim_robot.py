@@ -224,7 +224,10 @@ class Commands:
             self.velocity = any(source.get("kind") == "velocity_command" for source in sources.values())
             if config.task_commands:
                 self.task, self._gen = task, torch.Generator().manual_seed(config.seed)
-                self.episode = task.config.episode_length * world.spec.control_period
+                # A new command as often as the task draws one in training: every episode, or every
+                # `command_every` steps within one (Spot's joystick, every 5 s).
+                every = task.config.command_every or task.config.episode_length
+                self.episode = every * world.spec.control_period
             if self.fixed and len(self.fixed) != task.command_dim:
                 raise ValueError(f"command: {config.task} takes {task.command_dim} values, got {len(self.fixed)}")
         elif config.task_commands:
@@ -237,7 +240,7 @@ class Commands:
         return bool(self.fixed) or self.task is not None
 
     def message(self, sim_time: float) -> IdlStruct:
-        """The command now: the fixed one, or the episode's (a new one when an episode has passed)."""
+        """The command now: the fixed one, or the task's (a new one each time the task would draw one)."""
         if self.task is not None and sim_time - self._drawn_at >= self.episode:
             self._drawn_at = sim_time
             self.current = [float(v) for v in self.task.sample_command(1, self._gen)[0]]

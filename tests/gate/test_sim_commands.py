@@ -31,3 +31,13 @@ def test_a_legged_task_gets_velocities_on_cmd_vel_and_a_fixed_command_is_checked
     wrong = SimRobotConfig(task="spot_joystick", command=(0.5,))
     with pytest.raises(ValueError, match="command: spot_joystick takes 3 values, got 1"):
         Commands(SimWorld(robot_spec("spot"), wrong), wrong)
+
+
+def test_spots_joystick_changes_every_5_s_as_in_training() -> None:
+    config = SimRobotConfig(task="spot_joystick", task_commands=True)
+    commands = Commands(SimWorld(robot_spec("spot"), config), config)
+    first = commands.message(0.0)
+    assert isinstance(first, msg.Twist)
+    assert commands.message(4.99).linear.x == first.linear.x  # command_every: 250 steps at 50 Hz
+    later = [commands.message(5.0 * k + 0.01) for k in range(1, 6)]
+    assert len({(t.linear.x, t.linear.y, t.angular.z) for t in [first, *later]}) >= 5

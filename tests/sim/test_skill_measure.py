@@ -1,0 +1,51 @@
+"""`bench/skills.py` judges locomotion on physics: checked on the one policy whose answer is known by
+hand, standing still on the default pose (PD holds the stance, the base does not move)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from q2real.agents.config import TrainConfig
+from q2real.configs.loader import load
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "skills.py"
+
+
+def skills_bench():
+    spec = importlib.util.spec_from_file_location("skills_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # two sets of four 20 s episodes, 8000 Spot steps
+def test_standing_still_never_falls_and_misses_each_command_by_its_own_size() -> None:
+    bench = skills_bench()
+    config = load(TrainConfig, "crossq_spot_joystick", ["env.randomization.obs_noise_std=0"])
+    env = bench.eval_env(config, episodes=4)
+    assert env.episode_length == 1000, "skills are judged on 20 s episodes"
+    stand = lambda obs: torch.zeros(obs.shape[0], env.action_dim)  # noqa: E731
+    figures = bench.locomotion(stand, env)
+    # By hand: the same seeded episodes, the command of every measured step (all but the last, which
+    # ends the episode), |cmd_xy| and |cmd_wz| averaged.
+    env.reset(seed=bench.EVAL_SEED)
+    lin, ang = [], []
+    for _ in range(env.episode_length - 1):
+        command = env.task.command.clone()
+        env.step(torch.zeros(4, env.action_dim))
+        lin.append(command[:, :2].norm(dim=-1))
+        ang.append(command[:, 2].abs())
+    assert figures["fall_rate"] == 0.0 and figures["stand_rate"] == 1.0
+    assert figures["rate_limited"] == 0.0, "holding the stance never needs the rate limit"
+    expected_lin, expected_ang = float(torch.stack(lin).mean()), float(torch.stack(ang).mean())
+    assert abs(figures["tracking_error_lin"] - expected_lin) < 0.03, (figures, expected_lin)
+    assert abs(figures["tracking_error_ang"] - expected_ang) < 0.03, (figures, expected_ang)
+    assert expected_lin > 0.3, "the commands change and are mostly not zero"
+    env.close()
