@@ -88,8 +88,16 @@ class COXQ(SACLag):
     case_counts: torch.Tensor
     slack_sum: torch.Tensor
 
-    def __init__(self, config: COXQConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
-        super().__init__(config, obs_dim, action_dim, num_envs, device)
+    def __init__(
+        self,
+        config: COXQConfig,
+        obs_dim: int,
+        action_dim: int,
+        num_envs: int,
+        device: torch.device,
+        policy_obs_dim: int | None = None,
+    ):
+        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
         budget = config.cost_limit if config.training_cost_budget is None else config.training_cost_budget
         self.budget = budget
         self.register_buffer("delta", torch.tensor(config.trust_region, device=device))

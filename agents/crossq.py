@@ -49,8 +49,16 @@ class CrossQConfig(SACConfig):
 class CrossQ(SAC):
     config: CrossQConfig
 
-    def __init__(self, config: CrossQConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
-        super().__init__(config, obs_dim, action_dim, num_envs, device)
+    def __init__(
+        self,
+        config: CrossQConfig,
+        obs_dim: int,
+        action_dim: int,
+        num_envs: int,
+        device: torch.device,
+        policy_obs_dim: int | None = None,
+    ):
+        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
         set_renorm_warmup(self, config.renorm_warmup)
 
     def target_action(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -68,7 +68,8 @@ class DeployPolicy(CommandGraph):
     """An actor-critic's deterministic policy: its observation normalizer, then its actor."""
 
     def __init__(self, agent: ActorCritic, scale: torch.Tensor, offset: torch.Tensor):
-        super().__init__(nn.Sequential(agent.obs_norm, agent.actor), agent.config.chunk.policy_length, scale, offset)
+        norm = agent.obs_norm.leading(agent.policy_obs_dim)
+        super().__init__(nn.Sequential(norm, agent.actor), agent.config.chunk.policy_length, scale, offset)
 
 
 class CostGraph(CommandGraph):
@@ -116,7 +117,7 @@ def bundle_metadata(
         "robot": robot_metadata(spec) if spec is not None else None,
         "control_period": env.control_period,
         "observation": {
-            "dim": env.obs_dim,
+            "dim": env.policy_obs_dim,
             "terms": [
                 {"name": n, "dim": d} | ({"source": env.obs_sources[i]} if env.obs_sources else {})
                 for i, (n, d) in enumerate(zip(env.obs_names, env.obs_dims, strict=True))
@@ -131,7 +132,7 @@ def bundle_metadata(
             "output": "offset + scale * clip(policy(obs), -1, 1), in the robot's units",
         },
         "io": {
-            "input": {"name": "obs", "shape": ["batch", env.obs_dim]},
+            "input": {"name": "obs", "shape": ["batch", env.policy_obs_dim]},
             "output": {"name": "actions", "shape": actions_shape},
         },
         **({"chunk": chunk.metadata(env.control_period)} if chunk.size > 1 else {}),

@@ -52,7 +52,11 @@ def build_agent(config: TrainConfig, env: VecEnv) -> ActorCritic:
     agent_config = config.agent
     if config.sampler.kind == "dspear" and config.sampler.critic_stream:
         agent_config = dataclasses.replace(agent_config, huber=True)  # D-SPEAR's critic stream: Huber TD loss
-    return ALGORITHMS[config.algo](agent_config, env.obs_dim, env.action_dim, config.env.num_envs, env.device)
+    if issubclass(ALGORITHMS[config.algo], SACLag):
+        env.require_policy_obs(f"{config.algo}'s cost critic, which the deploy node queries,")
+    return ALGORITHMS[config.algo](
+        agent_config, env.obs_dim, env.action_dim, config.env.num_envs, env.device, env.policy_obs_dim
+    )
 
 
 def check_agent_checkpoint(

@@ -64,6 +64,7 @@ class RobotLearner(Finetuner):
                 f"has {task.spec.num_joints}"
             )
         env = self.env
+        env.require_policy_obs("learning on the robot, from what its node streams,")
         self.streamed: StreamedState | None = None
         if task.robot_reward:
             self.streamed = StreamedState(task, env.obs_names, env.obs_dims, env.obs_sources)

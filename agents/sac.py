@@ -56,8 +56,16 @@ class SAC(ActorCritic):
     config: SACConfig
     actor: GaussianActor
 
-    def __init__(self, config: SACConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
-        super().__init__(config, obs_dim, action_dim, num_envs, device)
+    def __init__(
+        self,
+        config: SACConfig,
+        obs_dim: int,
+        action_dim: int,
+        num_envs: int,
+        device: torch.device,
+        policy_obs_dim: int | None = None,
+    ):
+        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha), device=device))
         self.alpha_optim = make_optimizer([self.log_alpha], config.alpha_lr, 0.0)
         if config.target_entropy is not None:
@@ -76,7 +84,7 @@ class SAC(ActorCritic):
     def build_actor(self) -> nn.Module:
         cfg = self.config
         return GaussianActor(
-            self.obs_dim, self.policy_dim, cfg.actor_hidden, cfg.network, (cfg.log_std_min, cfg.log_std_max)
+            self.policy_obs_dim, self.policy_dim, cfg.actor_hidden, cfg.network, (cfg.log_std_min, cfg.log_std_max)
         )
 
     @property

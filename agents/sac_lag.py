@@ -59,8 +59,16 @@ class SACLagConfig(SACConfig):
 class SACLag(SAC):
     config: SACLagConfig
 
-    def __init__(self, config: SACLagConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
-        super().__init__(config, obs_dim, action_dim, num_envs, device)
+    def __init__(
+        self,
+        config: SACLagConfig,
+        obs_dim: int,
+        action_dim: int,
+        num_envs: int,
+        device: torch.device,
+        policy_obs_dim: int | None = None,
+    ):
+        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
         head, tail_start = self.cost_head()
         self.cost_critic = CostCritic(
             obs_dim, action_dim, config.critic_hidden, config.network, config.num_cost_critics, head, tail_start

@@ -57,14 +57,22 @@ class DDPGConfig(TD3Config):
 class TD3(ActorCritic):
     config: TD3Config
 
-    def __init__(self, config: TD3Config, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
-        super().__init__(config, obs_dim, action_dim, num_envs, device)
+    def __init__(
+        self,
+        config: TD3Config,
+        obs_dim: int,
+        action_dim: int,
+        num_envs: int,
+        device: torch.device,
+        policy_obs_dim: int | None = None,
+    ):
+        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if config.target_actor else None
         low = config.exploration_noise if config.exploration_noise_min is None else config.exploration_noise_min
         self.noise = MixedGaussianNoise(num_envs, low, config.exploration_noise, config.resample_noise_on_done, device)
 
     def build_actor(self) -> nn.Module:
-        return DeterministicActor(self.obs_dim, self.policy_dim, self.config.actor_hidden, self.config.network)
+        return DeterministicActor(self.policy_obs_dim, self.policy_dim, self.config.actor_hidden, self.config.network)
 
     def explore(self, obs: torch.Tensor) -> torch.Tensor:
         return self.noise.perturb(self.actor(obs))

@@ -89,7 +89,7 @@ def _evaluate_bundle(env_config: EnvConfig, bundle: Path, episodes: int, seed: i
     try:
 
         def predict(obs: torch.Tensor) -> torch.Tensor:
-            commands = runner(obs.cpu().numpy())
+            commands = runner(obs[:, : env.policy_obs_dim].cpu().numpy())
             return torch.from_numpy(runner.normalized(commands)).to(env.device)
 
         chunk = runner.info.chunk

@@ -179,7 +179,7 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
         shield.start()
         shield.run()
     while not bool(finished.all()):
-        actions = bundle.normalized(bundle(obs.cpu().numpy()))
+        actions = bundle.normalized(bundle(obs[:, : env.policy_obs_dim].cpu().numpy()))
         if chunks is not None:  # each env's chunk executed as the node executes it, each tick shielded
             actions = chunks.act(actions)
         q, qd = _joints(task, physics)

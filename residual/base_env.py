@@ -20,6 +20,7 @@ from q2real.sim.vec_env import StepResult
 
 class BaseActionEnv(VecEnv):
     def __init__(self, env: VecEnv, base: nn.Module, base_dim: int):
+        env.require_policy_obs("a residual over a base policy")
         self.env = env
         self.base = base.to(env.device).eval().requires_grad_(False)
         self.base_dim = base_dim

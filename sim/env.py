@@ -110,7 +110,14 @@ class TaskEnv(VecEnv):
         terms = self.task.observed_terms(self.physics)
         self.obs_names = tuple(terms)
         self.obs_dims = tuple(t.shape[-1] for t in terms.values())
-        self.obs_dim = sum(self.obs_dims)
+        self._critic_terms = task_config.critic_terms
+        critic = self.task.critic_terms(self.physics) if self._critic_terms else {}
+        if self._critic_terms and not critic:
+            raise ConfigError(f"env.task_params.critic_terms: task {config.task!r} has no critic-only terms")
+        self.critic_names = tuple(critic)
+        """Terms after the policy's observation that only the critics see (`TaskConfig.critic_terms`)."""
+        self.critic_dim = sum(t.shape[-1] for t in critic.values())
+        self.obs_dim = sum(self.obs_dims) + self.critic_dim
         sources = self.task.observed_sources()
         self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
 
@@ -119,6 +126,17 @@ class TaskEnv(VecEnv):
         self.task.resample_command(mask, self._gen)
         qpos, qvel = self.task.initial_state(self.num_envs, self._gen)
         return mask, qpos, qvel
+
+    @property
+    def policy_obs_dim(self) -> int:
+        return self.obs_dim - self.critic_dim
+
+    def _observe(self, physics, policy_obs: torch.Tensor | None = None) -> torch.Tensor:
+        """The policy's observation with its noise, then the critic-only terms, exact."""
+        obs = self._noisy(self.task.observe(physics) if policy_obs is None else policy_obs)
+        if not self._critic_terms:
+            return obs
+        return torch.cat([obs, *self.task.critic_terms(physics).values()], dim=-1)
 
     def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
         dr = self.config.randomization
@@ -152,7 +170,7 @@ class TaskEnv(VecEnv):
         self.task.last_action.zero_()
         if self._clamps is not None:
             self._clamps.reset(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
-        return self._noisy(self.task.observe(physics))
+        return self._observe(physics)
 
     def step(self, action: torch.Tensor) -> StepResult:
         applied = self.check_action(action)
@@ -181,7 +199,7 @@ class TaskEnv(VecEnv):
         diverged = ~torch.isfinite(true_obs).all(dim=-1)
         terminated = self.task.terminated(physics) | diverged
         truncated = (self._steps >= self.episode_length) & ~terminated
-        next_obs = self._noisy(true_obs)
+        next_obs = self._observe(physics, true_obs)
         if penalty is not None:
             reward = reward - penalty
         success = self.task.success(physics)
@@ -204,7 +222,7 @@ class TaskEnv(VecEnv):
             self.task.last_action = torch.where(done[:, None], 0.0, self.task.last_action)
             if self._clamps is not None:
                 self._clamps.reset(done)
-            result.obs = torch.where(done[:, None], self._noisy(self.task.observe(physics)), next_obs)
+            result.obs = torch.where(done[:, None], self._observe(physics), next_obs)
         self.physics = physics
         return result
 

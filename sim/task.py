@@ -37,6 +37,11 @@ class TaskConfig:
     previous target is the default pose) to the observation, as the deploy node's `last_action` term
     does. The shield's rate limit is a window around the previous target: a policy that cannot see it
     cannot learn to stay inside it."""
+    critic_terms: bool = False
+    """Append the task's `critic_terms` (true state the robot's sensors do not give, e.g. the base's
+    velocity) after the policy's observation: the critics see them, the actor and the bundle do not
+    (asymmetric actor-critic, as MuJoCo Playground's privileged state and FastTD3). A critic that cannot
+    see what the reward reads learns its expectation over everything the observation leaves open."""
 
 
 class Task(ABC):
@@ -127,6 +132,11 @@ class Task(ABC):
     @abstractmethod
     def observation_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
         """Named observation terms, each (num_envs, dim), concatenated in insertion order."""
+
+    def critic_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
+        """Named terms (num_envs, dim) that only the critics see (`TaskConfig.critic_terms`); none by default."""
+        del physics
+        return {}
 
     def observation_sources(self) -> dict[str, dict] | None:
         """Where each observation term comes from on a robot (see `q2real.deploy_ros.observation`), by

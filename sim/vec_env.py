@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from q2real.configs.loader import ConfigError
+
 
 @dataclass
 class StepResult:
@@ -65,6 +67,20 @@ class VecEnv(ABC):
     shield_in_loop: bool = False
     """The shield's clamps act inside the env (`env.shield_in_loop`): what the policy asks for and what
     the robot is sent differ, and the replay holds the former."""
+
+    @property
+    def policy_obs_dim(self) -> int:
+        """Leading observation columns the policy sees (what a bundle takes); any after them are
+        critic-only terms (`TaskConfig.critic_terms`)."""
+        return self.obs_dim
+
+    def require_policy_obs(self, what: str) -> None:
+        """Refuse critic-only observation terms for `what`, which sees only what the robot observes."""
+        if self.policy_obs_dim != self.obs_dim:
+            raise ConfigError(
+                f"env.task_params.critic_terms: {what} uses only what the robot observes; "
+                "set critic_terms to false for it"
+            )
 
     @abstractmethod
     def reset(self, seed: int | None = None) -> torch.Tensor:

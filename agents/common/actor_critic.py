@@ -164,10 +164,23 @@ class ActorCritic(nn.Module):
     average_gradients: Callable[[Iterable[nn.Parameter]], None] | None = None
     """Data-parallel training: replaces each gradient by its mean over the ranks before a step."""
 
-    def __init__(self, config: ActorCriticConfig, obs_dim: int, action_dim: int, num_envs: int, device: torch.device):
-        """`action_dim` is the env's per-tick action; the actor outputs `policy_dim` numbers, one chunk."""
+    def __init__(
+        self,
+        config: ActorCriticConfig,
+        obs_dim: int,
+        action_dim: int,
+        num_envs: int,
+        device: torch.device,
+        policy_obs_dim: int | None = None,
+    ):
+        """`action_dim` is the env's per-tick action; the actor outputs `policy_dim` numbers, one chunk.
+        The actor reads the first `policy_obs_dim` observation columns (all by default), the critics
+        all `obs_dim` (the rest are critic-only terms)."""
         super().__init__()
         self.config, self.obs_dim, self.action_dim = config, obs_dim, action_dim
+        self.policy_obs_dim = obs_dim if policy_obs_dim is None else policy_obs_dim
+        if not 0 < self.policy_obs_dim <= obs_dim:
+            raise ValueError(f"policy_obs_dim: expected in [1, {obs_dim}], got {self.policy_obs_dim}")
         chunk = config.chunk
         self.policy_dim = action_dim * chunk.policy_length
         self.obs_norm = ObsNormalizer(obs_dim, enabled=config.normalize_obs)

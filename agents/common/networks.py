@@ -230,18 +230,27 @@ class Critic(nn.Module):
         return self.head(self.body(x))
 
 
+def policy_input(obs: torch.Tensor, dim: int) -> torch.Tensor:
+    """The policy's leading `dim` columns of an observation that also carries critic-only terms."""
+    # An export traces the bundle's input, exactly the policy's width: no slice goes into the graph.
+    if torch.jit.is_tracing():  # pyright: ignore[reportPrivateImportUsage]
+        return obs
+    return obs if obs.shape[-1] == dim else obs[..., :dim]
+
+
 class DeterministicActor(nn.Module):
     """a = tanh(f(s)) (TD3/DDPG)."""
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], kind: Trunk):
         super().__init__()
+        self.obs_dim = obs_dim
         self.body = trunk(kind, 1, obs_dim, hidden)
         self.head = EnsembleLinear(1, hidden[-1] if kind != "flash" else hidden[0], action_dim)
         with torch.no_grad():
             self.head.weight.mul_(0.01)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.head(self.body(obs.unsqueeze(0)))).squeeze(0)
+        return torch.tanh(self.head(self.body(policy_input(obs, self.obs_dim).unsqueeze(0)))).squeeze(0)
 
 
 class GaussianActor(nn.Module):
@@ -251,13 +260,14 @@ class GaussianActor(nn.Module):
         self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], kind: Trunk, log_std: tuple[float, float]
     ):
         super().__init__()
+        self.obs_dim = obs_dim
         self.body = trunk(kind, 1, obs_dim, hidden)
         self.head = EnsembleLinear(1, hidden[-1] if kind != "flash" else hidden[0], 2 * action_dim)
         self.action_dim = action_dim
         self.log_std_min, self.log_std_max = log_std
 
     def distribution(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.head(self.body(obs.unsqueeze(0))).squeeze(0)
+        out = self.head(self.body(policy_input(obs, self.obs_dim).unsqueeze(0))).squeeze(0)
         # Constant slices, not chunk(2): an exported chunk reads the width from the tensor at run time.
         mean, raw = out[..., : self.action_dim], out[..., self.action_dim :]
         # Smooth squash of log-std into its bounds keeps gradients alive at the edges.

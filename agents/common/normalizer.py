@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -49,6 +50,18 @@ class ObsNormalizer(nn.Module):
         self.mean += delta * n / total
         self.var.copy_((self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total) / total)
         self.count.copy_(total)
+
+    def leading(self, dim: int) -> ObsNormalizer:
+        """A copy that normalizes the first `dim` features only (the policy's, without critic-only terms)."""
+        if dim == self.mean.numel():
+            return copy.deepcopy(self)
+        if self.passthrough:
+            raise ValueError("a normalizer with passthrough features keeps its full width")
+        head = ObsNormalizer(dim, self.clip, enabled=self.enabled).to(self.mean.device)
+        head.mean.copy_(self.mean[:dim])
+        head.var.copy_(self.var[:dim])
+        head.count.copy_(self.count)
+        return head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled:

@@ -94,6 +94,13 @@ class FloatingBaseTask(Task):
     def joint_offsets(self, physics: PhysicsState) -> torch.Tensor:
         return physics.qpos[:, self.qpos_index] - self.default_pose
 
+    def critic_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
+        """What a robot knows only through a state estimator: the base's velocity (base frame) and height."""
+        return {
+            "base_linear_velocity": self.base_linear_velocity(physics),
+            "base_height": self.base_height(physics)[:, None],
+        }
+
     def base_sources(self) -> dict[str, dict]:
         """Robot-side sources of the terms every floating-base task observes: the base IMU's gravity and
         gyro (in the base frame through the spec's IMU mounting) and the joints around the default pose."""
