@@ -1,7 +1,9 @@
 """Skills within a CPU hour: does the policy q2real trains do the job, judged on physics, not return.
 
-One training run per `--task` and `--seed` (each invocation; results merged into one file, so the
-seeds of one task can run in separate sittings), from the task's skill preset, stopped after
+One training run per `--task`, `--recipe` and `--seed` (each invocation; results merged into one
+file, so the seeds of one task can run in separate sittings), from the task's skill preset with the
+recipe's config overrides (the recipe names them: `--recipe critic_terms
+env.task_params.critic_terms=true`; the preset alone is recipe `preset`), stopped after
 `--minutes` of wall-clock (training, evaluation and all) or at the preset's `total_steps`. Every
 `--eval-every` env steps the deterministic policy is judged on `--episodes` seeded episodes of the
 training env's randomization (the same seeds at every point):
@@ -13,12 +15,12 @@ training env's randomization (the same seeds at every point):
   gr1_stand      20 s episodes with the preset's pushes: the share still standing at the end;
   panda_push     the task's episodes: the share that puts the cube on the target.
 
-Headline keys (the median over the seeds run so far of each seed's last point):
-`spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`, `gr1_stand_rate`,
-`push_success`; per seed also `env_steps`, `updates`, `seconds`. The best seed's policy is exported
-as `bench/results/skills/<task>.onnx`, its run directory kept under `bench/results/skills/runs/`
-(networks only). Curves go to bench/results/skills.png; figures to bench/results/skills.json, whose
-headline is also the last line printed.
+Headline keys (per task, the recipe whose median over its seeds of each seed's last point ranks
+best, and that median): `spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`,
+`gr1_stand_rate`, `push_success`; per run also `env_steps`, `updates`, `seconds`. The best run's
+policy is exported as `bench/results/skills/<task>.onnx`, its run directory kept under
+`bench/results/skills/runs/` (networks only). Curves go to bench/results/skills.png (one line per
+recipe and seed); figures to bench/results/skills.json, whose headline is also the last line printed.
 """
 
 from __future__ import annotations
@@ -190,18 +192,35 @@ def run(task: str, seed: int, minutes: float, every: int, episodes: int, overrid
     }
 
 
-def best_seed(task: str, seeds: dict[str, dict]) -> str:
+def ranked(task: str, scores: dict[str, float]) -> str:
+    """The key of the best score for `task`'s skill."""
     skill = SKILLS_BY_TASK[task]
-    ranked = sorted(seeds, key=lambda s: seeds[s]["final"][skill.rank], reverse=not skill.lower_is_better)
-    return ranked[0]
+    return sorted(scores, key=scores.__getitem__, reverse=not skill.lower_is_better)[0]
 
 
-def headline(tasks: dict[str, dict]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for task, result in tasks.items():
-        seeds = result["seeds"]
-        for key, figure in SKILLS_BY_TASK[task].headline.items():
-            out[key] = statistics.median(run["final"][figure] for run in seeds.values())
+def best_run(task: str, recipes: dict[str, dict]) -> tuple[str, str]:
+    """(recipe, seed) of the run whose last point ranks best."""
+    rank = SKILLS_BY_TASK[task].rank
+    runs = {(r, s): run["final"][rank] for r, data in recipes.items() for s, run in data["seeds"].items()}
+    best = ranked(task, {f"{r}\0{s}": v for (r, s), v in runs.items()})
+    recipe, seed = best.split("\0")
+    return recipe, seed
+
+
+def median(runs: dict[str, dict], figure: str) -> float:
+    return statistics.median(run["final"][figure] for run in runs.values())
+
+
+def headline(tasks: dict[str, dict]) -> dict[str, object]:
+    """Per task, the recipe whose median over seeds ranks best, with its median figures."""
+    out: dict[str, object] = {}
+    for task, data in tasks.items():
+        skill = SKILLS_BY_TASK[task]
+        recipes = data["recipes"]
+        recipe = ranked(task, {name: median(r["seeds"], skill.rank) for name, r in recipes.items()})
+        for key, figure in skill.headline.items():
+            out[key] = median(recipes[recipe]["seeds"], figure)
+        out[f"{task}_recipe"] = recipe
     return out
 
 
@@ -212,11 +231,19 @@ def plot(tasks: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = [(task, figure) for task in tasks for figure in SKILLS_BY_TASK[task].headline.values()]
+    runs = {
+        task: [
+            (f"{r} seed {s}", run)
+            for r, data in sorted(tasks[task]["recipes"].items())
+            for s, run in data["seeds"].items()
+        ]
+        for task in tasks
+    }
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
     for ax, (task, figure) in zip(axes[0], panels, strict=True):
-        for seed, run in sorted(tasks[task]["seeds"].items()):
+        for label, run in runs[task]:
             xs = [p["env_steps"] for p in run["curve"]]
-            ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, label=f"seed {seed}")
+            ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, label=label)
         ax.set_title(f"{task}: {figure.replace('_', ' ')}")
         ax.set_xlabel("env steps")
         ax.grid(alpha=0.3)
@@ -230,20 +257,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=sorted(PRESETS), required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--recipe", default="preset", help="the name the overrides' results merge under")
     parser.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of the run")
     parser.add_argument("--eval-every", type=int, default=50_000, help="env steps between skill points")
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("overrides", nargs="*", help="config overrides on top of the task's preset")
     args = parser.parse_args()
 
-    result = run(args.task, args.seed, args.minutes, args.eval_every, args.episodes, args.overrides)
     path = RESULTS / "skills.json"
-    merged = json.loads(path.read_text()) if path.is_file() else {}
-    tasks = merged.get("tasks", {})
-    tasks.setdefault(args.task, {"seeds": {}})["seeds"][str(args.seed)] = result
-    best = best_seed(args.task, tasks[args.task]["seeds"])
-    tasks[args.task]["best_seed"] = int(best)
-    if best == str(args.seed):
+    # Where the run's files go is not part of the recipe.
+    overrides = [o for o in args.overrides if not o.startswith("log.")]
+
+    def merged_recipes() -> dict[str, dict]:
+        tasks = json.loads(path.read_text())["tasks"] if path.is_file() else {}
+        recipes = tasks.get(args.task, {}).get("recipes", {})
+        if args.recipe in recipes and recipes[args.recipe]["overrides"] != overrides:
+            parser.error(
+                f"--recipe {args.recipe}: ran with overrides {recipes[args.recipe]['overrides']}; name this anew"
+            )
+        return tasks
+
+    merged_recipes()  # refuse a clash before an hour of training, not after
+    result = run(args.task, args.seed, args.minutes, args.eval_every, args.episodes, args.overrides)
+    tasks = merged_recipes()
+    recipes = tasks.setdefault(args.task, {"recipes": {}})["recipes"]
+    recipe = recipes.setdefault(args.recipe, {"overrides": overrides, "seeds": {}})
+    recipe["seeds"][str(args.seed)] = result
+    best = best_run(args.task, recipes)
+    tasks[args.task]["best_run"] = {"recipe": best[0], "seed": int(best[1])}
+    if best == (args.recipe, str(args.seed)):
         SKILLS.mkdir(parents=True, exist_ok=True)
         export_run(result["run_dir"], SKILLS / f"{args.task}.onnx")
         kept = SKILLS / "runs" / args.task
@@ -253,14 +295,15 @@ def main() -> None:
     path.write_text(json.dumps(figures | {"tasks": tasks}, indent=2))
     plot(tasks, RESULTS / "skills.png")
 
-    print(f"\n{'task':<15} {'seed':>4} {'env steps':>10} {'updates':>9} {'minutes':>8}  final")
+    print(f"\n{'task':<15} {'recipe':<16} {'seed':>4} {'env steps':>10} {'updates':>9} {'minutes':>8}  final")
     for task, data in sorted(tasks.items()):
-        for seed, run_ in sorted(data["seeds"].items()):
-            shown = ", ".join(f"{k} {v:.3f}" for k, v in run_["final"].items())
-            print(
-                f"{task:<15} {seed:>4} {run_['env_steps']:>10,} {run_['updates']:>9,} "
-                f"{run_['seconds'] / 60:>8.1f}  {shown}"
-            )
+        for name, recipe_ in sorted(data["recipes"].items()):
+            for seed, run_ in sorted(recipe_["seeds"].items()):
+                shown = ", ".join(f"{k} {v:.3f}" for k, v in run_["final"].items())
+                print(
+                    f"{task:<15} {name:<16} {seed:>4} {run_['env_steps']:>10,} {run_['updates']:>9,} "
+                    f"{run_['seconds'] / 60:>8.1f}  {shown}"
+                )
     print(json.dumps(figures))
 
 

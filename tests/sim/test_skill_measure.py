@@ -49,3 +49,28 @@ def test_standing_still_never_falls_and_misses_each_command_by_its_own_size() ->
     assert abs(figures["tracking_error_ang"] - expected_ang) < 0.03, (figures, expected_ang)
     assert expected_lin > 0.3, "the commands change and are mostly not zero"
     env.close()
+
+
+def test_the_headline_is_the_recipe_whose_median_seed_ranks_best_and_the_bundle_the_best_run() -> None:
+    bench = skills_bench()
+
+    def run(error: float) -> dict:
+        return {"final": {"tracking_error_lin": error, "tracking_error_ang": 2 * error, "fall_rate": error / 4}}
+
+    recipes = {
+        "preset": {"seeds": {"0": run(0.5), "1": run(0.2), "2": run(0.6)}},  # median 0.5, best single run
+        "critic_terms": {"seeds": {"0": run(0.3), "1": run(0.4), "2": run(0.35)}},  # median 0.35
+    }
+    figures = bench.headline({"spot_joystick": {"recipes": recipes}})
+    assert figures == {
+        "spot_tracking_error_lin": 0.35,
+        "spot_tracking_error_ang": 0.7,
+        "spot_fall_rate": 0.0875,
+        "spot_joystick_recipe": "critic_terms",
+    }
+    assert bench.best_run("spot_joystick", recipes) == ("preset", "1")
+    stand = {
+        "a": {"seeds": {"0": {"final": {"stand_rate": 0.5}}}},
+        "b": {"seeds": {"0": {"final": {"stand_rate": 0.9}}}},
+    }
+    assert bench.headline({"gr1_stand": {"recipes": stand}}) == {"gr1_stand_rate": 0.9, "gr1_stand_recipe": "b"}
