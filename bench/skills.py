@@ -64,6 +64,8 @@ class Skill:
     lower_is_better: bool
     headline: dict[str, str]
     """headline key -> the figure it reports."""
+    floors: dict[str, float]
+    """figure -> the floor it must reach (drawn on its curve)."""
 
 
 @torch.no_grad()
@@ -122,9 +124,10 @@ SKILLS_BY_TASK = {
             "spot_tracking_error_ang": "tracking_error_ang",
             "spot_fall_rate": "fall_rate",
         },
+        {"tracking_error_lin": 0.25, "tracking_error_ang": 0.3, "fall_rate": 0.05},
     ),
-    "gr1_stand": Skill(locomotion, "stand_rate", False, {"gr1_stand_rate": "stand_rate"}),
-    "panda_push": Skill(manipulation, "success", False, {"push_success": "success"}),
+    "gr1_stand": Skill(locomotion, "stand_rate", False, {"gr1_stand_rate": "stand_rate"}, {"stand_rate": 0.95}),
+    "panda_push": Skill(manipulation, "success", False, {"push_success": "success"}, {"success": 0.6}),
 }
 
 
@@ -245,6 +248,8 @@ def plot(tasks: dict[str, dict], path: Path) -> None:
             xs = [p["env_steps"] for p in run["curve"]]
             ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, label=label)
         ax.set_title(f"{task}: {figure.replace('_', ' ')}")
+        ax.axhline(SKILLS_BY_TASK[task].floors[figure], color="k", ls="--", lw=0.8, label="floor")
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:.0f}k")
         ax.set_xlabel("env steps")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
