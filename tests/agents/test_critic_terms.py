@@ -12,6 +12,7 @@ from torch import nn
 
 from q2real.agents.config import TrainConfig
 from q2real.agents.export import DeployPolicy, export_run, load_run_policy
+from q2real.agents.learners import build_agent
 from q2real.agents.train import train
 from q2real.configs.loader import ConfigError, load
 from q2real.deploy_ros.bundle import PolicyBundle
@@ -102,6 +103,6 @@ def test_the_actor_reads_only_the_policy_columns_and_the_bundle_takes_only_them(
 def test_what_sees_only_the_robots_observation_refuses_critic_terms(tmp_path: Path) -> None:
     config = small(tmp_path, "algo=sac_lag")
     with pytest.raises(ConfigError, match=r"env.task_params.critic_terms: sac_lag's cost critic, which the deploy"):
-        train(config)
+        build_agent(config, spot())
     with pytest.raises(ConfigError, match=r"env.task_params.critic_terms: a residual over a base policy uses only"):
         BaseActionEnv(spot(), nn.Identity(), 12)
