@@ -33,6 +33,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -53,6 +54,7 @@ PRESETS = {"spot_joystick": "crossq_spot_joystick", "gr1_stand": "crossq_gr1_sta
 EVAL_SEED = 777_000
 RATE_LIMIT = RULES.index("RATE_LIMIT")
 EPISODE_SECONDS = 20.0
+K = TypeVar("K")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +197,7 @@ def run(task: str, seed: int, minutes: float, every: int, episodes: int, overrid
     }
 
 
-def ranked(task: str, scores: dict[str, float]) -> str:
+def ranked(task: str, scores: dict[K, float]) -> K:
     """The key of the best score for `task`'s skill."""
     skill = SKILLS_BY_TASK[task]
     return sorted(scores, key=scores.__getitem__, reverse=not skill.lower_is_better)[0]
@@ -204,10 +206,7 @@ def ranked(task: str, scores: dict[str, float]) -> str:
 def best_run(task: str, recipes: dict[str, dict]) -> tuple[str, str]:
     """(recipe, seed) of the run whose last point ranks best."""
     rank = SKILLS_BY_TASK[task].rank
-    runs = {(r, s): run["final"][rank] for r, data in recipes.items() for s, run in data["seeds"].items()}
-    best = ranked(task, {f"{r}\0{s}": v for (r, s), v in runs.items()})
-    recipe, seed = best.split("\0")
-    return recipe, seed
+    return ranked(task, {(r, s): run["final"][rank] for r, data in recipes.items() for s, run in data["seeds"].items()})
 
 
 def median(runs: dict[str, dict], figure: str) -> float:

@@ -143,7 +143,11 @@ class BCRun:
         # and the residual on it are judged on the very same episodes.
         eval_env = dataclasses.replace(env_config, num_envs=max(config.eval_episodes, 1), seed=env_config.seed + 10_000)
         self.env = make(eval_env)
-        self.env.require_policy_obs("behaviour cloning")
+        try:
+            self.env.require_policy_obs("behaviour cloning")
+        except ConfigError:
+            self.env.close()
+            raise
         if self.demos.obs.shape[1] != self.env.obs_dim or self.demos.action.shape[1] != self.env.action_dim:
             self.env.close()
             raise ConfigError(

@@ -110,9 +110,8 @@ class TaskEnv(VecEnv):
         terms = self.task.observed_terms(self.physics)
         self.obs_names = tuple(terms)
         self.obs_dims = tuple(t.shape[-1] for t in terms.values())
-        self._critic_terms = task_config.critic_terms
-        critic = self.task.critic_terms(self.physics) if self._critic_terms else {}
-        if self._critic_terms and not critic:
+        critic = self.task.critic_terms(self.physics) if task_config.critic_terms else {}
+        if task_config.critic_terms and not critic:
             raise ConfigError(f"env.task_params.critic_terms: task {config.task!r} has no critic-only terms")
         self.critic_names = tuple(critic)
         """Terms after the policy's observation that only the critics see (`TaskConfig.critic_terms`)."""
@@ -134,7 +133,7 @@ class TaskEnv(VecEnv):
     def _observe(self, physics, policy_obs: torch.Tensor | None = None) -> torch.Tensor:
         """The policy's observation with its noise, then the critic-only terms, exact."""
         obs = self._noisy(self.task.observe(physics) if policy_obs is None else policy_obs)
-        if not self._critic_terms:
+        if not self.critic_dim:
             return obs
         return torch.cat([obs, *self.task.critic_terms(physics).values()], dim=-1)
 
