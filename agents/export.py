@@ -156,7 +156,10 @@ def agent_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: i
 def load_run_policy(run_dir: Path) -> tuple[TrainConfig, VecEnv, ActorCritic, int]:
     """Config, a one-env CPU instance of the task, and the agent restored from the run's checkpoint."""
     config = load_run_config(run_dir, CHECKPOINT)
-    env = make(dataclasses.replace(config.env, num_envs=1, device="cpu"))
+    # Only the task's shapes and scales are needed: a q2real task builds them on native MuJoCo, with no
+    # GPU and no XLA compile, whichever backend trained it (an adapter task keeps its own simulator).
+    native = {} if ":" in config.env.task else {"backend": "mujoco"}
+    env = make(dataclasses.replace(config.env, num_envs=1, device="cpu", **native))
     try:
         agent, step = restore_agent(run_dir, config, env)
     except BaseException:

@@ -147,7 +147,9 @@ class SkillCurve(Callback):
 
     def point(self, trainer) -> None:
         began = time.monotonic()
-        figures = self.skill.measure(deterministic_policy(trainer.agent, self.env), self.env)
+        policy, device = deterministic_policy(trainer.agent, self.env), trainer.agent.device
+        # The judge may step native MuJoCo on the CPU while the learner sits on a GPU.
+        figures = self.skill.measure(lambda obs: policy(obs.to(device)).to(self.env.device), self.env)
         point = {"env_steps": trainer.step, "updates": trainer.agent.updates, "seconds": began - self.start}
         self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
         shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items())

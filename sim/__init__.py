@@ -9,6 +9,9 @@ import os
 # the Playground adapter); XLA reads it when its CPU backend starts, and GPUs ignore it.
 if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false").strip()
+# On a GPU, XLA takes 75 % of the card's memory at its first call unless told otherwise, and torch
+# (replay, networks, the update's activations) shares that card with MJX: XLA allocates as it goes.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from q2real.sim.config import EnvConfig  # noqa: E402
 from q2real.sim.randomization import RandomizationConfig  # noqa: E402
