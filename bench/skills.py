@@ -15,9 +15,11 @@ training env's randomization (the same seeds at every point):
   gr1_stand      20 s episodes with the preset's pushes: the share still standing at the end;
   panda_push     the task's episodes: the share that puts the cube on the target.
 
-Headline keys (per task, the recipe whose median over its seeds of each seed's last point ranks
-best, and that median): `spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`,
-`gr1_stand_rate`, `push_success`; per run also `env_steps`, `updates`, `seconds`. The best run's
+Headline keys (per task, the recipe whose median over its seeds of each seed's last point falls
+least short of the floors, by the worst figure's ratio to its floor, so that a run tracking better
+while falling far more does not outrank one that stays up; that recipe's medians):
+`spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`, `gr1_stand_rate`,
+`push_success`; per run also `env_steps`, `updates`, `seconds`. The best run's
 policy is exported as `bench/results/skills/<task>.onnx`, its run directory kept under
 `bench/results/skills/runs/` (networks only). Curves go to bench/results/skills.png (one line per
 recipe and seed); figures to bench/results/skills.json, whose headline is also the last line printed.
@@ -59,15 +61,23 @@ K = TypeVar("K")
 
 @dataclasses.dataclass(frozen=True)
 class Skill:
-    """How a task's skill is judged: `measure(policy, env)` -> figures, and the figure that ranks seeds."""
+    """How a task's skill is judged: `measure(policy, env)` -> figures, each headline figure against its floor."""
 
     measure: Callable[[Callable[[torch.Tensor], torch.Tensor], VecEnv], dict[str, float]]
-    rank: str
-    lower_is_better: bool
     headline: dict[str, str]
     """headline key -> the figure it reports."""
     floors: dict[str, float]
     """figure -> the floor it must reach (drawn on its curve)."""
+    at_most: frozenset[str] = frozenset()
+    """Figures whose floor is an upper bound (errors, fall rates); the others must reach theirs from below."""
+
+    def shortfall(self, figures: dict[str, float]) -> float:
+        """How far the worst figure is from its floor, as a ratio (at most 1 once every floor is met).
+        Runs rank on it, so one that tracks better but falls more does not rank above one that stays up."""
+        return max(
+            figures[name] / floor if name in self.at_most else floor / max(figures[name], 1e-9)
+            for name, floor in self.floors.items()
+        )
 
 
 @torch.no_grad()
@@ -119,17 +129,16 @@ def manipulation(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv) ->
 SKILLS_BY_TASK = {
     "spot_joystick": Skill(
         locomotion,
-        "tracking_error_lin",
-        True,
         {
             "spot_tracking_error_lin": "tracking_error_lin",
             "spot_tracking_error_ang": "tracking_error_ang",
             "spot_fall_rate": "fall_rate",
         },
         {"tracking_error_lin": 0.25, "tracking_error_ang": 0.3, "fall_rate": 0.05},
+        frozenset({"tracking_error_lin", "tracking_error_ang", "fall_rate"}),
     ),
-    "gr1_stand": Skill(locomotion, "stand_rate", False, {"gr1_stand_rate": "stand_rate"}, {"stand_rate": 0.95}),
-    "panda_push": Skill(manipulation, "success", False, {"push_success": "success"}, {"success": 0.6}),
+    "gr1_stand": Skill(locomotion, {"gr1_stand_rate": "stand_rate"}, {"stand_rate": 0.95}),
+    "panda_push": Skill(manipulation, {"push_success": "success"}, {"success": 0.6}),
 }
 
 
@@ -199,31 +208,32 @@ def run(task: str, seed: int, minutes: float, every: int, episodes: int, overrid
     }
 
 
-def ranked(task: str, scores: dict[K, float]) -> K:
-    """The key of the best score for `task`'s skill."""
-    skill = SKILLS_BY_TASK[task]
-    return sorted(scores, key=scores.__getitem__, reverse=not skill.lower_is_better)[0]
+def best(scores: dict[K, float]) -> K:
+    """The key of the smallest shortfall."""
+    return min(scores, key=scores.__getitem__)
 
 
 def best_run(task: str, recipes: dict[str, dict]) -> tuple[str, str]:
-    """(recipe, seed) of the run whose last point ranks best."""
-    rank = SKILLS_BY_TASK[task].rank
-    return ranked(task, {(r, s): run["final"][rank] for r, data in recipes.items() for s, run in data["seeds"].items()})
+    """(recipe, seed) of the run whose last point falls least short of the floors."""
+    skill = SKILLS_BY_TASK[task]
+    return best(
+        {(r, s): skill.shortfall(run["final"]) for r, data in recipes.items() for s, run in data["seeds"].items()}
+    )
 
 
-def median(runs: dict[str, dict], figure: str) -> float:
-    return statistics.median(run["final"][figure] for run in runs.values())
+def median(runs: dict[str, dict], figure: Callable[[dict[str, float]], float]) -> float:
+    return statistics.median(figure(run["final"]) for run in runs.values())
 
 
 def headline(tasks: dict[str, dict]) -> dict[str, object]:
-    """Per task, the recipe whose median over seeds ranks best, with its median figures."""
+    """Per task, the recipe whose median shortfall over its seeds is smallest, with its median figures."""
     out: dict[str, object] = {}
     for task, data in tasks.items():
         skill = SKILLS_BY_TASK[task]
         recipes = data["recipes"]
-        recipe = ranked(task, {name: median(r["seeds"], skill.rank) for name, r in recipes.items()})
+        recipe = best({name: median(r["seeds"], skill.shortfall) for name, r in recipes.items()})
         for key, figure in skill.headline.items():
-            out[key] = median(recipes[recipe]["seeds"], figure)
+            out[key] = median(recipes[recipe]["seeds"], lambda final, figure=figure: final[figure])
         out[f"{task}_recipe"] = recipe
     return out
 

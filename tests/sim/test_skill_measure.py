@@ -74,3 +74,16 @@ def test_the_headline_is_the_recipe_whose_median_seed_ranks_best_and_the_bundle_
         "b": {"seeds": {"0": {"final": {"stand_rate": 0.9}}}},
     }
     assert bench.headline({"gr1_stand": {"recipes": stand}}) == {"gr1_stand_rate": 0.9, "gr1_stand_recipe": "b"}
+
+
+def test_a_run_that_tracks_better_but_falls_more_does_not_rank_first() -> None:
+    bench = skills_bench()
+    # Worst ratio to its floor: falls 0.47 / 0.05 = 9.4 against 0.19 / 0.05 = 3.8.
+    falls = {"final": {"tracking_error_lin": 0.49, "tracking_error_ang": 0.48, "fall_rate": 0.47}}
+    stays_up = {"final": {"tracking_error_lin": 0.56, "tracking_error_ang": 0.48, "fall_rate": 0.19}}
+    recipes = {"falls": {"seeds": {"0": falls}}, "stays_up": {"seeds": {"0": stays_up}}}
+    assert bench.best_run("spot_joystick", recipes) == ("stays_up", "0")
+    assert bench.headline({"spot_joystick": {"recipes": recipes}})["spot_joystick_recipe"] == "stays_up"
+    skill = bench.SKILLS_BY_TASK["spot_joystick"]
+    assert skill.shortfall({"tracking_error_lin": 0.25, "tracking_error_ang": 0.1, "fall_rate": 0.0}) == 1.0
+    assert bench.SKILLS_BY_TASK["gr1_stand"].shortfall({"stand_rate": 0.475}) == 2.0
