@@ -7,9 +7,10 @@ Each learner trains through the shared loop with the env and the learner on the 
 and gradient updates/s (the median logging window after the first, which holds the XLA compile).
 The skill rows are also judged on physics as `bench/skills.py` judges the CPU recipes (the same
 seeded 20 s episodes, stepped by native MuJoCo on the CPU) every `--skill-eval-every` env steps and
-at the end, and their policies exported to `bench/results/skills/<task>_mjx.onnx`. Overrides after the
-options go to the skill presets (`env.num_envs=8192`). Where torch sees no CUDA device or JAX no GPU,
-it reports why and skips (exit status 0).
+at the end, and their policies exported to `bench/results/skills/<task>_mjx.onnx` (their run
+directories, less the checkpoint, to `bench/results/skills/runs/<task>_mjx`, for the transfer gate).
+Overrides after the options go to the skill presets (`env.num_envs=8192`). Where torch sees no CUDA
+device or JAX no GPU, it reports why and skips (exit status 0).
 
 Prints a table, writes bench/results/gpu_smoke.json and prints the same JSON as its last line.
 Headline keys: `<learner>_env_steps_per_s` and `<learner>_updates_per_s`, plus the skill rows' physics
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -113,9 +115,15 @@ def run_skill(name: str, args: argparse.Namespace, root: str) -> dict:
         path = trainer.run()
     finally:
         judge.close()
+    # The run directory stays, less its checkpoint, with its bundle: the transfer gate needs only
+    # these (`q2real transfer bench/results/skills/runs/<task>_mjx`, on any machine).
+    kept = SKILLS / "runs" / f"{task}_mjx"
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.copytree(path, kept, ignore=shutil.ignore_patterns("checkpoint*", "events.*", "*.tmp"))
+    export_run(path, kept / "policy.onnx")
     bundle = SKILLS / f"{task}_mjx.onnx"
-    SKILLS.mkdir(parents=True, exist_ok=True)
-    export_run(path, bundle)
+    shutil.copy2(kept / "policy.onnx", bundle)
+    shutil.copy2(kept / "policy.onnx.json", bundle.with_name(bundle.name + ".json"))
     last = curve.points[-1]
     final = {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")}
     return {
