@@ -21,9 +21,7 @@ figures under the keys `bench/skills.py` uses with `_mjx` appended (`spot_tracki
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import shutil
 import statistics
 import tempfile
 import time
@@ -31,12 +29,12 @@ import traceback
 from pathlib import Path
 
 import torch
-from skills import SKILLS, SKILLS_BY_TASK, SkillCurve, eval_env  # bench/skills.py, beside this file
+from skills import SKILLS_BY_TASK, keep  # bench/skills.py, beside this file
+from skills import run as run_skills
 
 from q2real.agents.common.metrics import read_metrics
 from q2real.agents.config import TrainConfig
-from q2real.agents.export import export_run
-from q2real.agents.train import Trainer, train
+from q2real.agents.train import train
 from q2real.configs.loader import load
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -96,46 +94,30 @@ def run(name: str, args: argparse.Namespace, root: str) -> dict:
 
 
 def run_skill(name: str, args: argparse.Namespace, root: str) -> dict:
-    """Train a skill preset for `--skill-minutes`, judged on physics by native MuJoCo on the CPU."""
+    """Train a skill preset for `--skill-minutes`, judged on physics as `bench/skills.py` judges."""
     preset = SKILL_PRESETS[name]
-    envs = load(TrainConfig, preset, args.overrides).env.num_envs
-    config = load(
-        TrainConfig,
+    config = load(TrainConfig, preset, args.overrides)
+    task, envs = config.env.task, config.env.num_envs
+    logging = ["eval_every=0", "checkpoint_every=0", f"log.interval_steps={envs * 8}", f"log.root={root}"]
+    result = run_skills(
+        task,
+        config.env.seed,
+        args.skill_minutes,
+        args.skill_eval_every,
+        args.skill_episodes,
+        [*args.overrides, *logging, f"log.name={name}"],
         preset,
-        [*args.overrides, "eval_every=0", "checkpoint_every=0", f"log.interval_steps={envs * 8}"]
-        + [f"log.root={root}", f"log.name={name}"],
     )
-    task = config.env.task
+    # No checkpoint: what comes back from a lent GPU is small files; the gate needs only the bundle.
+    bundle = keep(result["run_dir"], f"{task}_mjx", checkpoint=False)
     skill = SKILLS_BY_TASK[task]
-    judged = dataclasses.replace(config, env=dataclasses.replace(config.env, backend="mujoco", device="cpu"))
-    judge = eval_env(judged, args.skill_episodes)
-    curve = SkillCurve(skill, judge, args.skill_eval_every, args.skill_minutes * 60)
-    try:
-        trainer = Trainer(config, [curve])
-        path = trainer.run()
-    finally:
-        judge.close()
-    # The run directory stays, less its checkpoint, with its bundle: the transfer gate needs only
-    # these (`q2real transfer bench/results/skills/runs/<task>_mjx`, on any machine).
-    kept = SKILLS / "runs" / f"{task}_mjx"
-    shutil.rmtree(kept, ignore_errors=True)
-    shutil.copytree(path, kept, ignore=shutil.ignore_patterns("checkpoint*", "events.*", "*.tmp"))
-    export_run(path, kept / "policy.onnx")
-    bundle = SKILLS / f"{task}_mjx.onnx"
-    shutil.copy2(kept / "policy.onnx", bundle)
-    shutil.copy2(kept / "policy.onnx.json", bundle.with_name(bundle.name + ".json"))
-    last = curve.points[-1]
-    final = {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")}
     return {
-        "preset": preset,
+        **{k: result[k] for k in ("preset", "seconds", "env_steps", "updates")},
         "overrides": args.overrides,
-        "seconds": last["seconds"],
-        "env_steps": last["env_steps"],
-        "updates": last["updates"],
-        **throughput(path),
-        "final": final,
-        "headline": {f"{key}_mjx": final[figure] for key, figure in skill.headline.items()},
-        "curve": curve.points,
+        **throughput(Path(result["run_dir"])),
+        "final": result["final"],
+        "headline": {f"{key}_mjx": result["final"][figure] for key, figure in skill.headline.items()},
+        "curve": result["curve"],
         "bundle": str(bundle),
         "bundle_bytes": bundle.stat().st_size,
     }

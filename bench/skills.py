@@ -177,16 +177,21 @@ class SkillCurve(Callback):
 
 def eval_env(config: TrainConfig, episodes: int) -> VecEnv:
     """The training env's randomization and task settings, `episodes` envs, 20 s episodes for the
-    legged tasks (the task's own length for manipulation)."""
+    legged tasks (the task's own length for manipulation), stepped by native MuJoCo on the CPU
+    whichever backend and device train, so every recipe is judged by the same simulator."""
     params = dict(config.env.task_params)
     if config.env.task in ("spot_joystick", "gr1_stand"):
         period = robot_spec(describe(config.env.task).robot).control_period
         params["episode_length"] = round(EPISODE_SECONDS / period)
-    return make(config.env, num_envs=episodes, seed=EVAL_SEED, task_params=params)
+    return make(config.env, num_envs=episodes, seed=EVAL_SEED, task_params=params, backend="mujoco", device="cpu")
 
 
-def run(task: str, seed: int, minutes: float, every: int, episodes: int, overrides: list[str]) -> dict:
-    config = load(TrainConfig, PRESETS[task], [f"env.seed={seed}", *overrides])
+def run(
+    task: str, seed: int, minutes: float, every: int, episodes: int, overrides: list[str], preset: str | None = None
+) -> dict:
+    """Train `preset` (the task's CPU skill preset by default) with `overrides`, judged as it goes."""
+    preset = preset or PRESETS[task]
+    config = load(TrainConfig, preset, [f"env.seed={seed}", *overrides])
     skill = SKILLS_BY_TASK[task]
     env = eval_env(config, episodes)
     curve = SkillCurve(skill, env, every, minutes * 60)
@@ -198,7 +203,7 @@ def run(task: str, seed: int, minutes: float, every: int, episodes: int, overrid
     last = curve.points[-1]
     return {
         "run_dir": str(path),
-        "preset": PRESETS[task],
+        "preset": preset,
         "overrides": overrides,
         "env_steps": last["env_steps"],
         "updates": last["updates"],
@@ -206,6 +211,20 @@ def run(task: str, seed: int, minutes: float, every: int, episodes: int, overrid
         "final": {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")},
         "curve": curve.points,
     }
+
+
+def keep(run_dir: str | Path, name: str, checkpoint: bool = True) -> Path:
+    """Keep the run directory (networks only) as `SKILLS/runs/<name>` with its bundle inside, which is
+    all `q2real transfer` needs, and the bundle as `SKILLS/<name>.onnx`; returns the bundle's path."""
+    kept = SKILLS / "runs" / name
+    shutil.rmtree(kept, ignore_errors=True)
+    skipped = ["events.*", "*.tmp", *([] if checkpoint else ["checkpoint*"])]
+    shutil.copytree(run_dir, kept, ignore=shutil.ignore_patterns(*skipped))
+    export_run(run_dir, kept / "policy.onnx")
+    bundle = SKILLS / f"{name}.onnx"
+    shutil.copy2(kept / "policy.onnx", bundle)
+    shutil.copy2(kept / "policy.onnx.json", bundle.with_name(bundle.name + ".json"))
+    return bundle
 
 
 def best(scores: dict[K, float]) -> K:
@@ -302,11 +321,7 @@ def main() -> None:
     best = best_run(args.task, recipes)
     tasks[args.task]["best_run"] = {"recipe": best[0], "seed": int(best[1])}
     if best == (args.recipe, str(args.seed)):
-        SKILLS.mkdir(parents=True, exist_ok=True)
-        export_run(result["run_dir"], SKILLS / f"{args.task}.onnx")
-        kept = SKILLS / "runs" / args.task
-        shutil.rmtree(kept, ignore_errors=True)
-        shutil.copytree(result["run_dir"], kept, ignore=shutil.ignore_patterns("events.*", "*.tmp"))
+        keep(result["run_dir"], args.task)
     figures = headline(tasks)
     path.write_text(json.dumps(figures | {"tasks": tasks}, indent=2))
     plot(tasks, RESULTS / "skills.png")
