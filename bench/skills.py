@@ -52,7 +52,7 @@ from q2real.sim.tasks.floating_base import FloatingBaseTask
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SKILLS = RESULTS / "skills"
-PRESETS = {"spot_joystick": "crossq_spot_joystick", "gr1_stand": "crossq_gr1_stand", "panda_push": "sac_panda_push"}
+PRESETS = {"spot_joystick": "crossq_spot_joystick", "gr1_stand": "crossq_gr1_stand", "panda_push": "crossq_panda_push"}
 EVAL_SEED = 777_000
 RATE_LIMIT = RULES.index("RATE_LIMIT")
 EPISODE_SECONDS = 20.0
@@ -70,6 +70,8 @@ class Skill:
     """figure -> the floor it must reach (drawn on its curve)."""
     at_most: frozenset[str] = frozenset()
     """Figures whose floor is an upper bound (errors, fall rates); the others must reach theirs from below."""
+    episodes: int = 32
+    """Seeded evaluation episodes per point, unless `--episodes` says otherwise."""
 
     def shortfall(self, figures: dict[str, float]) -> float:
         """How far the worst figure is from its floor, as a ratio (at most 1 once every floor is met).
@@ -138,7 +140,7 @@ SKILLS_BY_TASK = {
         frozenset({"tracking_error_lin", "tracking_error_ang", "fall_rate"}),
     ),
     "gr1_stand": Skill(locomotion, {"gr1_stand_rate": "stand_rate"}, {"stand_rate": 0.95}),
-    "panda_push": Skill(manipulation, {"push_success": "success"}, {"success": 0.6}),
+    "panda_push": Skill(manipulation, {"push_success": "success"}, {"success": 0.6}, episodes=64),
 }
 
 
@@ -295,7 +297,7 @@ def main() -> None:
     parser.add_argument("--recipe", default="preset", help="the name the overrides' results merge under")
     parser.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of the run")
     parser.add_argument("--eval-every", type=int, default=50_000, help="env steps between skill points")
-    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--episodes", type=int, help="evaluation episodes per point (default: 32, 64 for panda_push)")
     parser.add_argument("overrides", nargs="*", help="config overrides on top of the task's preset")
     args = parser.parse_args()
 
@@ -313,7 +315,8 @@ def main() -> None:
         return tasks
 
     merged_recipes()  # refuse a clash before an hour of training, not after
-    result = run(args.task, args.seed, args.minutes, args.eval_every, args.episodes, args.overrides)
+    episodes = args.episodes or SKILLS_BY_TASK[args.task].episodes
+    result = run(args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides)
     tasks = merged_recipes()
     recipes = tasks.setdefault(args.task, {"recipes": {}})["recipes"]
     recipe = recipes.setdefault(args.recipe, {"overrides": overrides, "seeds": {}})

@@ -25,10 +25,10 @@ def test_every_robot_task_has_a_preset_that_loads(task: str) -> None:
     assert config.env.shield_in_loop is not False, "robot tasks train with the shield's clamps in the loop"
 
 
-@pytest.mark.parametrize("task", ["panda_reach", "panda_push"])
-def test_the_arm_presets_train_on_every_row_the_gate_sizes_for_the_arm(task: str) -> None:
+@pytest.mark.parametrize("preset", ["sac_panda_reach", "sac_panda_push", "crossq_panda_push"])
+def test_the_arm_presets_train_on_every_row_the_gate_sizes_for_the_arm(preset: str) -> None:
     """The positive control is only meaningful if the run trained for what the gate asks of it."""
-    config = load(TrainConfig, f"sac_{task}")
+    config = load(TrainConfig, preset)
     spec = robot_spec("panda")
     rows = perturbations(config.env.randomization, spec, load_model(spec))
     assert {r.name for r in rows} >= {"payload", "pd_gains", "latency", "pushes"}
