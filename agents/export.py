@@ -22,6 +22,7 @@ from torch import nn
 
 from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT
+from q2real.agents.common.networks import float32_matmuls
 from q2real.agents.common.run_dir import git_state
 from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.learners import restore_agent
@@ -193,16 +194,17 @@ def write_graph(policy: nn.Module, meta: dict[str, Any], output: Path) -> Path:
     and write the JSON sidecar; our own loader must accept the result."""
     tmp = output.with_name(f".{output.name}.tmp")
     outputs = ["actions", *(["cost_q"] if "cost_critic" in meta else [])]
-    torch.onnx.export(
-        policy,
-        (torch.zeros(1, meta["observation"]["dim"]),),
-        str(tmp),
-        input_names=["obs"],
-        output_names=outputs,
-        dynamic_axes={"obs": {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
-        opset_version=OPSET,
-        dynamo=False,
-    )
+    with float32_matmuls(policy):  # a policy trained with bfloat16 products deploys as float32
+        torch.onnx.export(
+            policy,
+            (torch.zeros(1, meta["observation"]["dim"]),),
+            str(tmp),
+            input_names=["obs"],
+            output_names=outputs,
+            dynamic_axes={"obs": {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
     model = onnx.load(str(tmp))
     text = json.dumps(meta, indent=2, allow_nan=False)
     entry = model.metadata_props.add()

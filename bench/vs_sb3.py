@@ -8,7 +8,10 @@ Three rows, each run in this invocation with the libraries alternating (never co
                    (`learning_rate: 1e-3`, 20k steps) for SB3, the shipped preset `sac_pendulum_v1` for
                    q2real; `tuned_time_ratio`;
   (c) updates/s    gradient updates per second at equal batch, networks and optimizer on filled replay,
-                   median of `--rounds` interleaved rounds; `updates_per_s_ratio`.
+                   median of `--rounds` interleaved rounds, at Pendulum-v1's sizes and batch 256
+                   (`updates_per_s_ratio`) and at the Spot skill preset's sizes and batch
+                   (`updates_per_s_ratio_spot_recipe`); q2real also with bfloat16 products
+                   (`matmul_dtype`, the `_bf16` keys). `--updates-only` reruns these rows alone.
 Time to threshold is training wall-clock (evaluation time excluded) until the deterministic evaluation
 mean (10 episodes, every --eval-every env steps) first reaches -200 on gymnasium's Pendulum-v1. Rows
 (a) and (b) run every seed of `--seeds` on each side and report the medians. Both sides use 2 torch
@@ -22,6 +25,7 @@ q2real / SB3 updates/s: above 1 means q2real is faster).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -39,6 +43,7 @@ from q2real.agents.config import TrainConfig
 from q2real.agents.sac import SAC, SACConfig
 from q2real.agents.train import Trainer
 from q2real.configs.loader import load
+from q2real.sim import make
 from q2real.sim.vec_env import StepResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -118,29 +123,68 @@ def run_q2real(preset: str | None, overrides: list[str], threshold: float, eval_
     return Outcome(steps, seconds, watch.last, trainer.step)
 
 
-def updates_per_second(batch: int, seconds: float, rounds: int) -> dict[str, float]:
+class RandomBoxEnv(gym.Env):
+    """Random transitions with a robot task's observation and action sizes: the update-rate rows time
+    the learners on filled replay, where only the shapes matter."""
+
+    def __init__(self, obs_dim: int, action_dim: int):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, *, seed=None, options=None):
+        return self.rng.standard_normal(self.observation_space.shape).astype(np.float32), {}
+
+    def step(self, action):
+        obs = self.rng.standard_normal(self.observation_space.shape).astype(np.float32)
+        return obs, float(self.rng.standard_normal()), False, False, {}
+
+
+def update_shapes() -> dict[str, tuple[int, int, int]]:
+    """Update-rate rows: (observation size, action size, batch). `pendulum` is Pendulum-v1 at SB3's
+    defaults; `spot_recipe` is the Spot skill preset's sizes and batch (the preset trains CrossQ, which
+    SB3 does not have: both sides run SAC there, the same networks and batch)."""
+    config = load(TrainConfig, "crossq_spot_joystick")
+    env = make(dataclasses.replace(config.env, num_envs=1))
+    try:
+        spot = (env.obs_dim, env.action_dim, config.agent.batch_size)
+    finally:
+        env.close()
+    return {"pendulum": (3, 1, 256), "spot_recipe": spot}
+
+
+def updates_per_second(obs_dim: int, action_dim: int, batch: int, seconds: float, rounds: int) -> dict[str, float]:
     """Gradient updates/s of both SACs at equal batch, (256, 256) networks and Adam on stored
-    transitions; the libraries alternate for `rounds` rounds and each reports its median round."""
+    transitions, q2real in float32 and with bfloat16 products (`matmul_dtype`); the three alternate
+    for `rounds` rounds and each reports its median round."""
     from stable_baselines3 import SAC as SB3SAC
 
-    env = gym.make("Pendulum-v1")
-    model = SB3SAC("MlpPolicy", env, seed=0, device="cpu", batch_size=batch, learning_starts=0, verbose=0)
-    model.learn(total_timesteps=2_000)  # fills its buffer through the normal path
+    env = gym.make("Pendulum-v1") if (obs_dim, action_dim) == (3, 1) else RandomBoxEnv(obs_dim, action_dim)
+    filled = max(2_000, batch)
+    model = SB3SAC("MlpPolicy", env, seed=0, device="cpu", batch_size=batch, learning_starts=filled, verbose=0)
+    model.learn(total_timesteps=filled)  # fills its buffer through the normal path, without training
 
-    agent = SAC(SACConfig(batch_size=batch), 3, 1, 1, torch.device("cpu"))
-    storage = ReplayStorage(50_000, 1, 3, 1, torch.device("cpu"))
-    for _ in range(2_000):
-        obs = torch.randn(1, 3)
+    storage = ReplayStorage(50_000, 1, obs_dim, action_dim, torch.device("cpu"))
+    for _ in range(filled):
+        obs = torch.randn(1, obs_dim)
         result = StepResult(obs, obs, torch.randn(1), *(torch.zeros(1, dtype=torch.bool),) * 2, torch.zeros(1))
-        storage.add(obs, torch.rand(1, 1) * 2 - 1, result)
+        storage.add(obs, torch.rand(1, action_dim) * 2 - 1, result)
     sampler = UniformSampler()
 
-    def sb3_updates() -> None:
-        model.train(gradient_steps=25, batch_size=batch)
+    def ours(dtype: str):
+        agent = SAC(SACConfig(batch_size=batch, matmul_dtype=dtype), obs_dim, action_dim, 1, torch.device("cpu"))
 
-    def q2real_updates() -> None:
-        for _ in range(25):
-            agent.update(sampler.sample(storage, batch, 1, 0.99, 1))
+        def work() -> None:
+            for _ in range(25):
+                agent.update(sampler.sample(storage, batch, 1, 0.99, 1))
+
+        return work
+
+    sides = {
+        "sb3": lambda: model.train(gradient_steps=25, batch_size=batch),
+        "q2real": ours("float32"),
+        "q2real_bf16": ours("bfloat16"),
+    }
 
     def rate(work) -> float:
         count, start = 0, time.perf_counter()
@@ -149,13 +193,45 @@ def updates_per_second(batch: int, seconds: float, rounds: int) -> dict[str, flo
             count += 25
         return count / (time.perf_counter() - start)
 
-    sb3_updates(), q2real_updates()  # warm-up
-    sb3, ours = [], []
+    for work in sides.values():
+        work()  # warm-up
+    rates: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(rounds):
-        sb3.append(rate(sb3_updates))
-        ours.append(rate(q2real_updates))
-    sb3_rate, our_rate = float(np.median(sb3)), float(np.median(ours))
-    return {"sb3_updates_per_s": sb3_rate, "q2real_updates_per_s": our_rate, "updates_per_s_ratio": our_rate / sb3_rate}
+        for side, work in sides.items():
+            rates[side].append(rate(work))
+    median = {side: float(np.median(r)) for side, r in rates.items()}
+    return {
+        "sb3_updates_per_s": median["sb3"],
+        "q2real_updates_per_s": median["q2real"],
+        "q2real_bf16_updates_per_s": median["q2real_bf16"],
+        "updates_per_s_ratio": median["q2real"] / median["sb3"],
+        "updates_per_s_ratio_bf16": median["q2real_bf16"] / median["sb3"],
+    }
+
+
+def update_rows(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
+    rows, shapes = {}, update_shapes()
+    for name, (obs_dim, action_dim, batch) in shapes.items():
+        print(f"updates/s, {name}: obs {obs_dim}, actions {action_dim}, batch {batch}, {rounds} rounds ...", flush=True)
+        rows[name] = updates_per_second(obs_dim, action_dim, batch, seconds, rounds)
+    print(f"\n{'updates/s':<13}{'batch':>6}{'SB3':>8}{'q2real':>8}{'bf16':>8}{'ratio':>7}{'bf16 ratio':>11}")
+    for name, row in rows.items():
+        print(
+            f"{name:<13}{shapes[name][2]:>6}{row['sb3_updates_per_s']:>8.1f}{row['q2real_updates_per_s']:>8.1f}"
+            f"{row['q2real_bf16_updates_per_s']:>8.1f}{row['updates_per_s_ratio']:>7.2f}"
+            f"{row['updates_per_s_ratio_bf16']:>11.2f}"
+        )
+    return rows
+
+
+def headline_rates(rows: dict[str, dict[str, float]]) -> dict[str, float]:
+    """`updates_per_s_ratio` is the pendulum row in float32 (equal arithmetic); the other rows keep
+    their own keys."""
+    out = dict(rows["pendulum"])
+    for name, row in rows.items():
+        if name != "pendulum":
+            out |= {f"{key}_{name}": value for key, value in row.items()}
+    return out
 
 
 MATCHED = [
@@ -191,13 +267,30 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=20_000, help="env-step cap for each run")
     parser.add_argument("--eval-every", type=int, default=1_000)
     parser.add_argument("--update-seconds", type=float, default=4.0, help="seconds per library per round")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the updates/s row")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the updates/s rows")
+    parser.add_argument(
+        "--updates-only", action="store_true", help="run the updates/s rows alone; the learning rows keep their figures"
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
+    path = RESULTS / "vs_sb3.json"
+    rates = update_rows(args.update_seconds, args.rounds)
+    if args.updates_only:
+        if not path.is_file():
+            parser.error(f"--updates-only merges into {path}, which a full run writes first")
+        result = {k: v for k, v in json.loads(path.read_text()).items() if "updates_per_s" not in k}
+        result = {**result, **headline_rates(rates), "update_rows": rates, "torch_threads": torch.get_num_threads()}
+    else:
+        result = learning_rows(args) | headline_rates(rates) | {"update_rows": rates}
+    RESULTS.mkdir(exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+
+
+def learning_rows(args: argparse.Namespace) -> dict[str, object]:
+    """Time to threshold, matched and tuned, every seed on each side."""
     tmp = Path("/tmp/q2real-bench-vs-sb3") / time.strftime("%Y%m%d-%H%M%S")
     gym_env = lambda: gym.make("Pendulum-v1")  # noqa: E731
-    print(f"updates/s at batch 256, {args.rounds} rounds ...", flush=True)
-    throughput = updates_per_second(256, args.update_seconds, args.rounds)
     runs: dict[str, dict[str, list[Outcome]]] = {row: {"sb3": [], "q2real": []} for row in ("matched", "tuned")}
     for seed in args.seeds:
         steps = [f"total_steps={args.max_steps}", f"env.seed={seed}"]
@@ -225,23 +318,13 @@ def main() -> None:
             )
         sb3, ours = medians["sb3"]["seconds"], medians["q2real"]["seconds"]
         summary[row] = {**medians, "time_ratio": sb3 / ours if sb3 and ours else None}
-    print(
-        f"updates/s at batch 256, (256, 256) nets, median of {args.rounds} rounds: q2real "
-        f"{throughput['q2real_updates_per_s']:.1f}, SB3 {throughput['sb3_updates_per_s']:.1f} -> "
-        f"{throughput['updates_per_s_ratio']:.2f}x"
-    )
-    result = {
+    return {
         "time_to_threshold_ratio": summary["matched"]["time_ratio"],
         "tuned_time_ratio": summary["tuned"]["time_ratio"],
-        "updates_per_s_ratio": throughput["updates_per_s_ratio"],
-        **throughput,
         "seeds": args.seeds,
         "runs": summary,
         "torch_threads": torch.get_num_threads(),
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "vs_sb3.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":

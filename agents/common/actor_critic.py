@@ -22,7 +22,7 @@ from torch import nn
 
 from q2real.agents.common.chunk_critics import CausalChunkCritic, ChunkConfig, decoupled_loss, multi_horizon_loss
 from q2real.agents.common.heads import CategoricalHead, QuantileHead, ScalarHead
-from q2real.agents.common.networks import Critic, Trunk, polyak, project_weights
+from q2real.agents.common.networks import Critic, Trunk, polyak, project_weights, set_matmul_dtype
 from q2real.agents.common.normalizer import Gather, ObsNormalizer, ReturnScaler, local
 from q2real.agents.common.replay import Batch
 from q2real.sim.vec_env import StepResult
@@ -81,6 +81,11 @@ class ActorCriticConfig:
     target_network: bool = True
     """False: no target critic; the TD target is the online critic's own (detached) value of (s', a')
     from the same joint forward pass as Q(s, a) (CrossQ; needs cross_batch)."""
+    matmul_dtype: Literal["float32", "bfloat16"] = "float32"
+    """bfloat16: the networks' matrix products (forward and backward) run in bfloat16 with float32
+    accumulation, as FastTD3's mixed precision; weights, optimizer state, normalization statistics and
+    losses stay float32, and exported policies run float32. On CPUs with AVX-512 BF16 or AMX (and any
+    recent GPU) a product costs about half; elsewhere it can cost more."""
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     """Action chunks: the policy predicts several actions per query and the critic values them together."""
 
@@ -216,6 +221,7 @@ class ActorCritic(nn.Module):
             )
             self.prefix_target = copy.deepcopy(self.prefix_critic).requires_grad_(False)
         self.actor = self.build_actor()
+        set_matmul_dtype(self, torch.bfloat16 if config.matmul_dtype == "bfloat16" else None)
         self.to(device)
         self.device = device
         beta1 = config.adam_beta1

@@ -13,7 +13,9 @@ Tensors flow as (E, B, features). Four trunks share the interface:
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -24,6 +26,11 @@ Trunk = Literal["mlp", "layernorm", "flash", "renorm"]
 
 class EnsembleLinear(nn.Module):
     """E independent linear layers applied as one batched matmul."""
+
+    matmul_dtype: torch.dtype | None = None
+    """bfloat16: the product runs on bfloat16 copies of input, weight and bias (float32 accumulation
+    in the kernel) and returns float32, so weights, gradients, norms and losses stay float32. None:
+    float32 throughout."""
 
     def __init__(self, ensemble: int, in_features: int, out_features: int, bias: bool = True, unit: bool = False):
         super().__init__()
@@ -36,9 +43,14 @@ class EnsembleLinear(nn.Module):
             self.project()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bias is None:
-            return torch.bmm(x, self.weight)
-        return torch.baddbmm(self.bias, x, self.weight)
+        low = self.matmul_dtype
+        if low is not None:
+            weight, bias = self.weight.to(low), None if self.bias is None else self.bias.to(low)
+            x = x.to(low)
+        else:
+            weight, bias = self.weight, self.bias
+        out = torch.bmm(x, weight) if bias is None else torch.baddbmm(bias, x, weight)
+        return out if low is None else out.float()
 
     @torch.no_grad()
     def project(self) -> None:
@@ -195,6 +207,27 @@ def set_renorm_warmup(module: nn.Module, warmup: int) -> None:
     for layer in module.modules():
         if isinstance(layer, EnsembleBatchRenorm):
             layer.warmup = warmup
+
+
+def set_matmul_dtype(module: nn.Module, dtype: torch.dtype | None) -> None:
+    """Every linear layer in `module` multiplies in `dtype` (None: float32); see `EnsembleLinear`."""
+    for layer in module.modules():
+        if isinstance(layer, EnsembleLinear):
+            layer.matmul_dtype = dtype
+
+
+@contextlib.contextmanager
+def float32_matmuls(module: nn.Module) -> Iterator[None]:
+    """Within the block every linear layer in `module` multiplies in float32, as an exported graph
+    does; then each goes back to its own setting."""
+    layers = [layer for layer in module.modules() if isinstance(layer, EnsembleLinear)]
+    saved = [layer.matmul_dtype for layer in layers]
+    set_matmul_dtype(module, None)
+    try:
+        yield
+    finally:
+        for layer, dtype in zip(layers, saved, strict=True):
+            layer.matmul_dtype = dtype
 
 
 @torch.no_grad()
