@@ -63,6 +63,10 @@ class TrainConfig:
     resume then refills the replay with the policy and pauses updates until it holds a batch."""
     stop_return: float | None = None
     """Stop early once the evaluation mean return reaches this."""
+    init_from: str | None = None
+    """A run directory whose learner (networks, normalizer statistics) this run starts from; replay,
+    optimizers and counters start afresh. A curriculum step: a policy that walks, trained on under
+    effects it never met. The run must match its algo, task, network shapes and env count."""
     threads: int = 0
     """torch CPU threads: 0 = auto (on a CPU training device, tuned online between all cores and one, so a
     busy neighbour process cannot stall every update; recorded in meta.json), N = fixed (needed for

@@ -25,11 +25,11 @@ import yaml
 
 from q2real.agents.callbacks import Callback
 from q2real.agents.common.actor_critic import ActorCritic
-from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
+from q2real.agents.common.checkpoint import CHECKPOINT
 from q2real.agents.common.run_dir import LogConfig, write_atomic
 from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.jobs import job_kind
-from q2real.agents.learners import check_agent_checkpoint
+from q2real.agents.learners import load_learner
 from q2real.agents.train import Trainer
 from q2real.configs.loader import ConfigError, load, to_dict
 from q2real.sim.randomization import RandomizationConfig
@@ -94,6 +94,7 @@ def handoff_config(config: FinetuneConfig, run: TrainConfig) -> TrainConfig:
         checkpoint_every=config.checkpoint_every,
         stop_return=None,
         threads=config.threads,
+        init_from=None,  # the job starts from the run itself (`build_agent`), not from where the run began
     )
 
 
@@ -128,13 +129,7 @@ class Finetuner(Trainer):
     def build_agent(self) -> ActorCritic:
         """The run's learner as its checkpoint left it, for one env."""
         agent = super().build_agent()
-        path = self.source / CHECKPOINT
-        state = load_checkpoint(path, self.env.device)
-        weights = dict(state["agent"])
-        if "return_scale.ret" in weights:
-            weights["return_scale.ret"] = torch.zeros_like(agent.return_scale.ret)
-        check_agent_checkpoint(path, state | {"agent": weights}, self.config, agent)
-        agent.load_state_dict(weights)
+        state = load_learner(agent, self.source, self.config)
         for name, optimizer in agent.optimizers().items():
             optimizer.load_state_dict(state["optimizers"][name])
         agent.updates = int(state["updates"])

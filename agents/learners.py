@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT, check_config, check_shapes, load_checkpoint
 from q2real.agents.config import TrainConfig
@@ -70,6 +72,20 @@ def check_agent_checkpoint(
     spaces = {"obs_dim": agent.obs_dim, "action_dim": agent.action_dim}
     check_config(path, state.get("spaces", {}), spaces, spaces)
     check_shapes(path, "agent", state["agent"], agent.state_dict())
+
+
+def load_learner(agent: ActorCritic, run_dir: Path, config: TrainConfig) -> dict:
+    """Load the networks and normalizer statistics of the run at `run_dir` into `agent` and return its
+    checkpoint. The per-env running return of reward scaling starts at zero, so the run may train
+    another env count."""
+    path = run_dir / CHECKPOINT
+    state = load_checkpoint(path, agent.device)
+    weights = dict(state["agent"])
+    if "return_scale.ret" in weights:
+        weights["return_scale.ret"] = torch.zeros_like(agent.return_scale.ret)
+    check_agent_checkpoint(path, state | {"agent": weights}, config, agent)
+    agent.load_state_dict(weights)
+    return state
 
 
 def restore_agent(run_dir: Path, config: TrainConfig, env: VecEnv) -> tuple[ActorCritic, int]:

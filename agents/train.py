@@ -38,7 +38,7 @@ from q2real.agents.common.samplers import UniformSampler, make_sampler
 from q2real.agents.common.threads import ThreadTuner
 from q2real.agents.config import TrainConfig
 from q2real.agents.distributed import PREVIOUS_CHECKPOINT, SEED_STRIDE, DataParallel, Ranks, rank_dir
-from q2real.agents.learners import build_agent
+from q2real.agents.learners import build_agent, load_learner
 from q2real.agents.pql import LearnerJob, ParallelLearners
 from q2real.agents.training_state import restore, training_state
 from q2real.configs.loader import ConfigError
@@ -146,13 +146,22 @@ class Trainer:
         return make(env_config)
 
     def build_agent(self) -> ActorCritic:
-        return build_agent(self.config, self.env)
+        agent = build_agent(self.config, self.env)
+        if self.config.init_from is not None:  # a resume then loads its own checkpoint over it
+            source = Path(self.config.init_from)
+            if not (source / CHECKPOINT).is_file():
+                raise ConfigError(f"init_from: {source} holds no {CHECKPOINT}; expected a training run's directory")
+            load_learner(agent, source, self.config)
+        return agent
 
     def make_sampler(self) -> UniformSampler:
         return make_sampler(self.config.sampler, self.replay)
 
     def warmup_action(self) -> torch.Tensor:
-        """What the envs do before learning starts: uniform random actions."""
+        """What the envs do before learning starts: uniform random actions, or for a run that starts from
+        another (`init_from`) that run's exploring policy, so the first replay holds its skill."""
+        if self.config.init_from is not None:
+            return self.policy_action()
         env = self.env
         return torch.rand(env.num_envs, env.action_dim, device=env.device) * 2 - 1
 

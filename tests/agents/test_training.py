@@ -138,3 +138,28 @@ def test_kill_minus_nine_leaves_a_loadable_checkpoint_and_resume_finishes(tmp_pa
     assert step >= 100
     finished = resume(tmp_path / "k", small(tmp_path, "k", "sac", (f"total_steps={step + 200}",)))
     assert finished.step == step + 200
+
+
+def test_a_run_started_from_another_begins_with_its_learner_and_acts_with_it_during_warmup(tmp_path: Path) -> None:
+    first = train(small(tmp_path, "first", "crossq", ("crossq.renorm_warmup=50",))).path
+    learned = load_checkpoint(first / "checkpoint.pt")["agent"]
+    start = [f"init_from={first}", "total_steps=200", "warmup_steps=100", "crossq.renorm_warmup=50"]
+    trainer = Trainer(small(tmp_path, "second", "crossq", tuple(start)))
+    for name, tensor in trainer.agent.state_dict().items():
+        assert torch.equal(tensor, learned[name]), f"{name} did not come from {first}"
+    trainer.obs = trainer.env.reset(seed=5)
+    torch.manual_seed(1)
+    warmup = trainer.warmup_action()
+    torch.manual_seed(1)
+    assert torch.equal(warmup, trainer.agent.act(trainer.env.reset(seed=5))), "warm-up must act with the loaded policy"
+    trainer.run()
+    assert trainer.agent.updates > 0 and trainer.step == 200
+    assert load_checkpoint(trainer.path / "checkpoint.pt")["step"] == 200, "a fresh run counts from zero"
+
+
+def test_starting_from_a_run_that_does_not_fit_names_what_differs(tmp_path: Path) -> None:
+    first = train(small(tmp_path, "first", "sac", ("total_steps=200",))).path
+    with pytest.raises(Exception, match=r"sac\.critic_hidden"):
+        Trainer(small(tmp_path, "wider", "sac", (f"init_from={first}", "sac.critic_hidden=[64,64]")))
+    with pytest.raises(Exception, match=r"init_from: .*nowhere holds no checkpoint\.pt"):
+        Trainer(small(tmp_path, "lost", "sac", (f"init_from={tmp_path / 'nowhere'}",)))
