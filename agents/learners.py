@@ -74,15 +74,22 @@ def check_agent_checkpoint(
     check_shapes(path, "agent", state["agent"], agent.state_dict())
 
 
+PER_ENV_STATE = ("return_scale.ret", "episode_cost.running")
+"""Learner state kept per training env (reward scaling's running return, SAC-Lag's running episode
+cost): about episodes under way in the run that wrote it, so another run starts it at zero."""
+
+
 def load_learner(agent: ActorCritic, run_dir: Path, config: TrainConfig) -> dict:
-    """Load the networks and normalizer statistics of the run at `run_dir` into `agent` and return its
-    checkpoint. The per-env running return of reward scaling starts at zero, so the run may train
-    another env count."""
+    """Load the learner state of the run at `run_dir` into `agent` (networks, normalizer and batch-norm
+    statistics, SAC's temperature, a Lagrange multiplier; per-env state starts at zero, so the run may
+    train another env count) and return its checkpoint."""
     path = run_dir / CHECKPOINT
     state = load_checkpoint(path, agent.device)
     weights = dict(state["agent"])
-    if "return_scale.ret" in weights:
-        weights["return_scale.ret"] = torch.zeros_like(agent.return_scale.ret)
+    mine = agent.state_dict()
+    for key in PER_ENV_STATE:
+        if key in weights:
+            weights[key] = torch.zeros_like(mine[key])
     check_agent_checkpoint(path, state | {"agent": weights}, config, agent)
     agent.load_state_dict(weights)
     return state

@@ -19,6 +19,7 @@ from q2real.agents.common.actor_critic import make_optimizer
 from q2real.agents.common.cost_critic import CostCritic
 from q2real.agents.common.heads import QuantileHead, ScalarHead
 from q2real.agents.common.lagrange import EpisodeCost, Lagrange
+from q2real.agents.common.networks import set_matmul_dtype
 from q2real.agents.common.replay import Batch
 from q2real.agents.sac import SAC, SACConfig
 from q2real.sim.vec_env import StepResult
@@ -73,6 +74,7 @@ class SACLag(SAC):
         self.cost_critic = CostCritic(
             obs_dim, action_dim, config.critic_hidden, config.network, config.num_cost_critics, head, tail_start
         ).to(device)
+        set_matmul_dtype(self.cost_critic, self.matmul_dtype)
         self.cost_optim = make_optimizer(self.cost_critic.critic.parameters(), config.critic_lr, config.weight_decay)
         self.lagrange = Lagrange(config.cost_limit, config.lagrange_init, config.lagrange_lr, config.lagrange_max)
         self.episode_cost = EpisodeCost(num_envs, config.cost_average_rate)

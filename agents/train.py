@@ -50,6 +50,10 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, callbacks: Sequence[Callback] = (), resume: Path | None = None):
         config.validate()
+        self.init_from = Path(config.init_from) if config.init_from is not None and resume is None else None
+        """The run whose learner this one starts from; a resume loads its own checkpoint instead."""
+        if self.init_from is not None and not (self.init_from / CHECKPOINT).is_file():
+            raise ConfigError(f"init_from: {self.init_from} holds no {CHECKPOINT}; expected a training run's directory")
         self.ranks = ranks = Ranks.launched()
         """This process's rank in a torchrun job (None when it trains alone)."""
         self.parallel_data: DataParallel | None = None
@@ -83,7 +87,12 @@ class Trainer:
                 "them, `q2real envs --task NAME` says how to switch it on) or another algo"
             )
         check_fits(config.algo, config.agent, config.replay_capacity, env.obs_dim, env.action_dim, env.device)
-        self.agent = self.build_agent()
+        try:
+            self.agent = self.build_agent()
+        except BaseException:
+            self.env.close()
+            self.eval_env.close()
+            raise
         if self.parallel_data is not None:
             self.parallel_data.attach(self.agent)
         self.replay = ReplayStorage(
@@ -147,11 +156,8 @@ class Trainer:
 
     def build_agent(self) -> ActorCritic:
         agent = build_agent(self.config, self.env)
-        if self.config.init_from is not None:  # a resume then loads its own checkpoint over it
-            source = Path(self.config.init_from)
-            if not (source / CHECKPOINT).is_file():
-                raise ConfigError(f"init_from: {source} holds no {CHECKPOINT}; expected a training run's directory")
-            load_learner(agent, source, self.config)
+        if self.init_from is not None:
+            load_learner(agent, self.init_from, self.config)
         return agent
 
     def make_sampler(self) -> UniformSampler:
@@ -160,7 +166,7 @@ class Trainer:
     def warmup_action(self) -> torch.Tensor:
         """What the envs do before learning starts: uniform random actions, or for a run that starts from
         another (`init_from`) that run's exploring policy, so the first replay holds its skill."""
-        if self.config.init_from is not None:
+        if self.config.init_from is not None:  # also after a resume: the run began that way
             return self.policy_action()
         env = self.env
         return torch.rand(env.num_envs, env.action_dim, device=env.device) * 2 - 1

@@ -210,6 +210,7 @@ def run(
         "env_steps": last["env_steps"],
         "updates": last["updates"],
         "seconds": last["seconds"],
+        "episodes": episodes,
         "final": {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")},
         "curve": curve.points,
     }
@@ -315,7 +316,9 @@ def main() -> None:
         return tasks
 
     merged_recipes()  # refuse a clash before an hour of training, not after
-    episodes = args.episodes or SKILLS_BY_TASK[args.task].episodes
+    episodes = SKILLS_BY_TASK[args.task].episodes if args.episodes is None else args.episodes
+    if episodes < 1:
+        parser.error(f"--episodes: expected >= 1, got {episodes}")
     result = run(args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides)
     tasks = merged_recipes()
     recipes = tasks.setdefault(args.task, {"recipes": {}})["recipes"]

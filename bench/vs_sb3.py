@@ -11,7 +11,9 @@ Three rows, each run in this invocation with the libraries alternating (never co
                    median of `--rounds` interleaved rounds, at Pendulum-v1's sizes and batch 256
                    (`updates_per_s_ratio`) and at the Spot skill preset's sizes and batch
                    (`updates_per_s_ratio_spot_recipe`); q2real also with bfloat16 products
-                   (`matmul_dtype`, the `_bf16` keys). `--updates-only` reruns these rows alone.
+                   (`matmul_dtype`, the `_bf16` keys), and CrossQ at the Spot preset's sizes both
+                   ways (`crossq_updates_per_s_spot_recipe`, no peer). `--updates-only` reruns these
+                   rows alone.
 Time to threshold is training wall-clock (evaluation time excluded) until the deterministic evaluation
 mean (10 episodes, every --eval-every env steps) first reaches -200 on gymnasium's Pendulum-v1. Rows
 (a) and (b) run every seed of `--seeds` on each side and report the medians. Both sides use 2 torch
@@ -40,6 +42,7 @@ from q2real.agents.callbacks import Callback, StopTraining
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.samplers import UniformSampler
 from q2real.agents.config import TrainConfig
+from q2real.agents.crossq import CrossQ, CrossQConfig
 from q2real.agents.sac import SAC, SACConfig
 from q2real.agents.train import Trainer
 from q2real.configs.loader import load
@@ -153,10 +156,12 @@ def update_shapes() -> dict[str, tuple[int, int, int]]:
     return {"pendulum": (3, 1, 256), "spot_recipe": spot}
 
 
-def updates_per_second(obs_dim: int, action_dim: int, batch: int, seconds: float, rounds: int) -> dict[str, float]:
+def updates_per_second(
+    obs_dim: int, action_dim: int, batch: int, seconds: float, rounds: int, crossq: bool = False
+) -> dict[str, float]:
     """Gradient updates/s of both SACs at equal batch, (256, 256) networks and Adam on stored
-    transitions, q2real in float32 and with bfloat16 products (`matmul_dtype`); the three alternate
-    for `rounds` rounds and each reports its median round."""
+    transitions, q2real in float32 and with bfloat16 products (`matmul_dtype`), and with `crossq`
+    q2real's CrossQ both ways; the sides alternate for `rounds` rounds and each reports its median round."""
     from stable_baselines3 import SAC as SB3SAC
 
     env = gym.make("Pendulum-v1") if (obs_dim, action_dim) == (3, 1) else RandomBoxEnv(obs_dim, action_dim)
@@ -171,8 +176,8 @@ def updates_per_second(obs_dim: int, action_dim: int, batch: int, seconds: float
         storage.add(obs, torch.rand(1, action_dim) * 2 - 1, result)
     sampler = UniformSampler()
 
-    def ours(dtype: str):
-        agent = SAC(SACConfig(batch_size=batch, matmul_dtype=dtype), obs_dim, action_dim, 1, torch.device("cpu"))
+    def ours(learner: type[SAC], config: SACConfig):
+        agent = learner(config, obs_dim, action_dim, 1, torch.device("cpu"))
 
         def work() -> None:
             for _ in range(25):
@@ -182,9 +187,12 @@ def updates_per_second(obs_dim: int, action_dim: int, batch: int, seconds: float
 
     sides = {
         "sb3": lambda: model.train(gradient_steps=25, batch_size=batch),
-        "q2real": ours("float32"),
-        "q2real_bf16": ours("bfloat16"),
+        "q2real": ours(SAC, SACConfig(batch_size=batch)),
+        "q2real_bf16": ours(SAC, SACConfig(batch_size=batch, matmul_dtype="bfloat16")),
     }
+    if crossq:  # what the skill recipe runs; SB3 has no CrossQ, so no ratio
+        sides["crossq"] = ours(CrossQ, CrossQConfig(batch_size=batch))
+        sides["crossq_bf16"] = ours(CrossQ, CrossQConfig(batch_size=batch, matmul_dtype="bfloat16"))
 
     def rate(work) -> float:
         count, start = 0, time.perf_counter()
@@ -201,9 +209,7 @@ def updates_per_second(obs_dim: int, action_dim: int, batch: int, seconds: float
             rates[side].append(rate(work))
     median = {side: float(np.median(r)) for side, r in rates.items()}
     return {
-        "sb3_updates_per_s": median["sb3"],
-        "q2real_updates_per_s": median["q2real"],
-        "q2real_bf16_updates_per_s": median["q2real_bf16"],
+        **{f"{side}_updates_per_s": rate for side, rate in median.items()},
         "updates_per_s_ratio": median["q2real"] / median["sb3"],
         "updates_per_s_ratio_bf16": median["q2real_bf16"] / median["sb3"],
     }
@@ -213,13 +219,20 @@ def update_rows(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
     rows, shapes = {}, update_shapes()
     for name, (obs_dim, action_dim, batch) in shapes.items():
         print(f"updates/s, {name}: obs {obs_dim}, actions {action_dim}, batch {batch}, {rounds} rounds ...", flush=True)
-        rows[name] = updates_per_second(obs_dim, action_dim, batch, seconds, rounds)
-    print(f"\n{'updates/s':<13}{'batch':>6}{'SB3':>8}{'q2real':>8}{'bf16':>8}{'ratio':>7}{'bf16 ratio':>11}")
+        rows[name] = updates_per_second(obs_dim, action_dim, batch, seconds, rounds, crossq=name == "spot_recipe")
+    print(
+        f"\n{'updates/s':<13}{'batch':>6}{'SB3':>8}{'q2real':>8}{'bf16':>8}{'ratio':>7}{'bf16 ratio':>11}  CrossQ, bf16"
+    )
     for name, row in rows.items():
+        crossq = (
+            f"{row['crossq_updates_per_s']:.1f}, {row['crossq_bf16_updates_per_s']:.1f}"
+            if "crossq_updates_per_s" in row
+            else ""
+        )
         print(
             f"{name:<13}{shapes[name][2]:>6}{row['sb3_updates_per_s']:>8.1f}{row['q2real_updates_per_s']:>8.1f}"
             f"{row['q2real_bf16_updates_per_s']:>8.1f}{row['updates_per_s_ratio']:>7.2f}"
-            f"{row['updates_per_s_ratio_bf16']:>11.2f}"
+            f"{row['updates_per_s_ratio_bf16']:>11.2f}  {crossq}"
         )
     return rows
 
@@ -274,14 +287,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     path = RESULTS / "vs_sb3.json"
+    if args.updates_only and not path.is_file():
+        parser.error(f"--updates-only merges into {path}, which a full run writes first")
     rates = update_rows(args.update_seconds, args.rounds)
     if args.updates_only:
-        if not path.is_file():
-            parser.error(f"--updates-only merges into {path}, which a full run writes first")
         result = {k: v for k, v in json.loads(path.read_text()).items() if "updates_per_s" not in k}
-        result = {**result, **headline_rates(rates), "update_rows": rates, "torch_threads": torch.get_num_threads()}
+        result = {k: v for k, v in result.items() if k != "update_rows"}  # written by an earlier version
+        result |= headline_rates(rates) | {"torch_threads": torch.get_num_threads()}
     else:
-        result = learning_rows(args) | headline_rates(rates) | {"update_rows": rates}
+        result = learning_rows(args) | headline_rates(rates)
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

@@ -44,6 +44,8 @@ class ResidualTrainConfig(TrainConfig):
             raise ValueError(f"algo: residual training runs SAC, got algo={self.algo}")
         if self.pql.enabled:
             raise ValueError("pql.enabled: residual training samples demonstrations in this process; set it false")
+        if self.init_from is not None:
+            raise ValueError("init_from: a residual run starts from its base policy (residual.base); set it null")
         if self.residual.demos and self.sampler.kind != "uniform":
             raise ValueError("sampler.kind: demonstrations are mixed into uniform batches; set sampler.kind=uniform")
 

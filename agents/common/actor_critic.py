@@ -82,10 +82,11 @@ class ActorCriticConfig:
     """False: no target critic; the TD target is the online critic's own (detached) value of (s', a')
     from the same joint forward pass as Q(s, a) (CrossQ; needs cross_batch)."""
     matmul_dtype: Literal["float32", "bfloat16"] = "float32"
-    """bfloat16: the networks' matrix products (forward and backward) run in bfloat16 with float32
-    accumulation, as FastTD3's mixed precision; weights, optimizer state, normalization statistics and
-    losses stay float32, and exported policies run float32. On CPUs with AVX-512 BF16 or AMX (and any
-    recent GPU) a product costs about half; elsewhere it can cost more."""
+    """bfloat16: the hidden layers' matrix products (forward and backward) run in bfloat16 with float32
+    accumulation, as FastTD3's mixed precision: their results and gradients carry bfloat16's 8
+    significant bits. Output layers (Q values, actions), weights, optimizer state, normalization
+    statistics and losses stay float32, and exported policies run float32. On CPUs with AVX-512 BF16
+    or AMX (and any recent GPU) a product costs about half; elsewhere it can cost more."""
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     """Action chunks: the policy predicts several actions per query and the critic values them together."""
 
@@ -221,7 +222,9 @@ class ActorCritic(nn.Module):
             )
             self.prefix_target = copy.deepcopy(self.prefix_critic).requires_grad_(False)
         self.actor = self.build_actor()
-        set_matmul_dtype(self, torch.bfloat16 if config.matmul_dtype == "bfloat16" else None)
+        self.matmul_dtype = torch.bfloat16 if config.matmul_dtype == "bfloat16" else None
+        """What subclasses building more networks (a cost critic) pass to `set_matmul_dtype`."""
+        set_matmul_dtype(self, self.matmul_dtype)
         self.to(device)
         self.device = device
         beta1 = config.adam_beta1

@@ -28,9 +28,10 @@ class EnsembleLinear(nn.Module):
     """E independent linear layers applied as one batched matmul."""
 
     matmul_dtype: torch.dtype | None = None
-    """bfloat16: the product runs on bfloat16 copies of input, weight and bias (float32 accumulation
-    in the kernel) and returns float32, so weights, gradients, norms and losses stay float32. None:
-    float32 throughout."""
+    """bfloat16: the product runs on bfloat16 copies of input and weight (float32 accumulation in the
+    kernel), its result rounded to bfloat16 and returned as float32 with the bias added in float32;
+    the weights and their gradients' storage stay float32, their gradients carry bfloat16 precision.
+    None: float32 throughout."""
 
     def __init__(self, ensemble: int, in_features: int, out_features: int, bias: bool = True, unit: bool = False):
         super().__init__()
@@ -45,12 +46,11 @@ class EnsembleLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         low = self.matmul_dtype
         if low is not None:
-            weight, bias = self.weight.to(low), None if self.bias is None else self.bias.to(low)
-            x = x.to(low)
-        else:
-            weight, bias = self.weight, self.bias
-        out = torch.bmm(x, weight) if bias is None else torch.baddbmm(bias, x, weight)
-        return out if low is None else out.float()
+            out = torch.bmm(x.to(low), self.weight.to(low)).float()
+            return out if self.bias is None else out + self.bias
+        if self.bias is None:
+            return torch.bmm(x, self.weight)
+        return torch.baddbmm(self.bias, x, self.weight)
 
     @torch.no_grad()
     def project(self) -> None:
@@ -210,9 +210,10 @@ def set_renorm_warmup(module: nn.Module, warmup: int) -> None:
 
 
 def set_matmul_dtype(module: nn.Module, dtype: torch.dtype | None) -> None:
-    """Every linear layer in `module` multiplies in `dtype` (None: float32); see `EnsembleLinear`."""
-    for layer in module.modules():
-        if isinstance(layer, EnsembleLinear):
+    """Every hidden linear layer in `module` multiplies in `dtype` (None: float32; see `EnsembleLinear`).
+    Output layers (`head`) stay float32: they cost little, and Q values and actions keep full precision."""
+    for name, layer in module.named_modules():
+        if isinstance(layer, EnsembleLinear) and name.split(".")[-1] != "head":
             layer.matmul_dtype = dtype
 
 

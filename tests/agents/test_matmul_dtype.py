@@ -3,6 +3,7 @@ and a bundle that runs float32 whatever the products trained in."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +12,9 @@ import pytest
 import torch
 
 from q2real.agents.common.networks import Critic, EnsembleLinear, float32_matmuls, set_matmul_dtype
-from q2real.agents.config import TrainConfig
-from q2real.agents.crossq import CrossQ, CrossQConfig
+from q2real.agents.config import LEARNER_CONFIGS, TrainConfig
 from q2real.agents.export import DeployPolicy, write_bundle
-from q2real.agents.learners import build_agent
+from q2real.agents.learners import ALGORITHMS, build_agent
 from q2real.configs.loader import load
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.sim import make
@@ -54,10 +54,18 @@ def test_float32_matmuls_restores_each_layers_own_setting() -> None:
     assert [layer.matmul_dtype for layer in layers] == [torch.bfloat16, None]
 
 
-def test_the_setting_reaches_every_network_and_a_bad_value_is_refused_by_name() -> None:
-    agent = CrossQ(CrossQConfig(matmul_dtype="bfloat16"), 5, 2, 1, torch.device("cpu"))
-    linears = [m for m in agent.modules() if isinstance(m, EnsembleLinear)]
-    assert linears and all(m.matmul_dtype == torch.bfloat16 for m in linears)
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_the_setting_reaches_every_hidden_layer_of_every_learner_and_no_output_layer(algo: str) -> None:
+    config = dataclasses.replace(LEARNER_CONFIGS[algo](), matmul_dtype="bfloat16")
+    agent = ALGORITHMS[algo](config, 5, 2, 1, torch.device("cpu"))
+    layers = [(n, m) for n, m in agent.named_modules() if isinstance(m, EnsembleLinear)]
+    hidden = [m.matmul_dtype for n, m in layers if not n.endswith(".head")]
+    outputs = [m.matmul_dtype for n, m in layers if n.endswith(".head")]
+    assert hidden and set(hidden) == {torch.bfloat16}, f"{algo}: a hidden layer multiplies in float32"
+    assert outputs and set(outputs) == {None}, f"{algo}: an output layer lost float32"
+
+
+def test_a_bad_value_is_refused_by_name() -> None:
     with pytest.raises(
         Exception, match=r"crossq\.matmul_dtype: expected one of \['float32', 'bfloat16'\], got 'float16'"
     ):
@@ -69,6 +77,7 @@ def test_a_policy_trained_with_bfloat16_products_exports_a_float32_graph(tmp_pat
     env = make(config.env)
     try:
         agent = build_agent(config, env)
+        before = {n: m.matmul_dtype for n, m in agent.named_modules() if isinstance(m, EnsembleLinear)}
         path = write_bundle(config, env, agent, 0, tmp_path / "policy.onnx")
         graph = onnx.load(str(path)).graph
         kinds = {t.type.tensor_type.elem_type for t in [*graph.input, *graph.output, *graph.value_info]}
@@ -79,8 +88,7 @@ def test_a_policy_trained_with_bfloat16_products_exports_a_float32_graph(tmp_pat
         with torch.no_grad(), float32_matmuls(deploy):
             expected = deploy(obs).numpy()
         assert np.abs(PolicyBundle(path)(obs.numpy()) - expected).max() < 1e-5
-        assert all(m.matmul_dtype == torch.bfloat16 for m in agent.modules() if isinstance(m, EnsembleLinear)), (
-            "exporting must not change how the learner trains on"
-        )
+        after = {n: m.matmul_dtype for n, m in agent.named_modules() if isinstance(m, EnsembleLinear)}
+        assert torch.bfloat16 in after.values() and after == before, "exporting must not change how the learner trains"
     finally:
         env.close()

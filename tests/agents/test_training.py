@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from q2real.agents.common.guard import NonFiniteError
 from q2real.agents.config import TrainConfig
 from q2real.agents.train import Trainer, resume, train
 from q2real.configs.loader import load, to_dict
+from q2real.residual.train import ResidualTrainConfig
 
 
 def small(tmp_path: Path, name: str, algo: str = "sac", extra: tuple[str, ...] = ()) -> TrainConfig:
@@ -155,6 +157,11 @@ def test_a_run_started_from_another_begins_with_its_learner_and_acts_with_it_dur
     trainer.run()
     assert trainer.agent.updates > 0 and trainer.step == 200
     assert load_checkpoint(trainer.path / "checkpoint.pt")["step"] == 200, "a fresh run counts from zero"
+    shutil.rmtree(first)  # a resume reads its own checkpoint, not the run it began from
+    resumed = Trainer(small(tmp_path, "second", "crossq", (*start, "total_steps=400")), resume=trainer.path)
+    assert resumed.step == 200
+    resumed.env.close()
+    resumed.eval_env.close()
 
 
 def test_starting_from_a_run_that_does_not_fit_names_what_differs(tmp_path: Path) -> None:
@@ -163,3 +170,5 @@ def test_starting_from_a_run_that_does_not_fit_names_what_differs(tmp_path: Path
         Trainer(small(tmp_path, "wider", "sac", (f"init_from={first}", "sac.critic_hidden=[64,64]")))
     with pytest.raises(Exception, match=r"init_from: .*nowhere holds no checkpoint\.pt"):
         Trainer(small(tmp_path, "lost", "sac", (f"init_from={tmp_path / 'nowhere'}",)))
+    with pytest.raises(Exception, match=r"init_from: a residual run starts from its base policy"):
+        load(ResidualTrainConfig, None, [f"init_from={first}"])
