@@ -46,40 +46,74 @@ OPSET = 17
 
 class CommandGraph(nn.Module):
     """raw obs -> `policy` (actions in [-1, 1], a chunk's flattened) -> clip -> joint commands,
-    (batch, action_dim), or (batch, chunk, action_dim) for a chunk policy, one row per tick."""
+    (batch, action_dim), or (batch, chunk, action_dim) for a chunk policy, one row per tick.
+
+    With `step` (a task's `action_rate`) the policy's action is a step: the graph adds `step * action` to
+    the previous action, read from the observation's `last_action` columns, and clips, as the env did in
+    training; the node and shield then receive targets as from any other bundle."""
 
     scale: torch.Tensor
+    step: torch.Tensor | None
 
-    def __init__(self, policy: nn.Module, chunk: int, scale: torch.Tensor, offset: torch.Tensor):
+    def __init__(
+        self,
+        policy: nn.Module,
+        chunk: int,
+        scale: torch.Tensor,
+        offset: torch.Tensor,
+        step: tuple[torch.Tensor, slice] | None = None,
+    ):
         super().__init__()
         self.policy = copy.deepcopy(policy).cpu()
         self.register_buffer("scale", scale.detach().cpu().float())
         self.register_buffer("offset", offset.detach().cpu().float())
+        self.register_buffer("step", None if step is None else step[0].detach().cpu().float())
+        self.last = None if step is None else step[1]
         self.chunk = chunk
+        if step is not None and chunk > 1:
+            raise BundleError("env.task_params.action_rate: steps are taken one per tick, not in chunks")
         self.eval()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        action = self.policy(obs).clamp(-1.0, 1.0)
+        return self.command(obs, self.policy(obs).clamp(-1.0, 1.0))
+
+    def command(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Joint commands for the policy's clipped `action` (a step, added to the previous action, where
+        the graph has one)."""
+        if self.step is not None:
+            action = (obs[:, self.last] + self.step * action).clamp(-1.0, 1.0)
         if self.chunk > 1:
             action = action.reshape(-1, self.chunk, self.scale.numel())
         return command_from_action(action, self.scale, self.offset)
 
 
-class DeployPolicy(CommandGraph):
-    """An actor-critic's deterministic policy: its observation normalizer, then its actor."""
+def action_steps(env: VecEnv) -> tuple[torch.Tensor, slice] | None:
+    """The env's action step and where its observation holds the previous action, for `CommandGraph`."""
+    if env.action_step is None:
+        return None
+    last = env.term_columns("last_action")
+    if last is None:
+        raise BundleError("env.task_params.action_rate: the observation has no last_action term to step from")
+    return env.action_step, last
 
-    def __init__(self, agent: ActorCritic, scale: torch.Tensor, offset: torch.Tensor):
-        norm = agent.obs_norm.leading(agent.policy_obs_dim)
-        super().__init__(nn.Sequential(norm, agent.actor), agent.config.chunk.policy_length, scale, offset)
+
+class DeployPolicy(CommandGraph):
+    """An actor-critic's deterministic policy for `env`: its observation normalizer, then its actor."""
+
+    def __init__(self, agent: ActorCritic, env: VecEnv):
+        policy = nn.Sequential(agent.obs_norm.leading(agent.policy_obs_dim), agent.actor)
+        chunk = agent.config.chunk.policy_length
+        super().__init__(policy, chunk, env.action_scale, env.action_offset, action_steps(env))
 
 
 class CostGraph(CommandGraph):
     """An actor-critic's deterministic policy with a second output, `cost_q` (batch,): the cost critic's
-    Q_c(s, pi(s)) of the action the policy just chose, in the learner's own units (the discounted cost
-    to come), for the node's veto. The actor runs once for both outputs."""
+    Q_c(s, pi(s)) of the action the policy just chose (a step, where the policy takes steps), in the
+    learner's own units (the discounted cost to come), for the node's veto. The actor runs once for both
+    outputs."""
 
-    def __init__(self, agent: SACLag, scale: torch.Tensor, offset: torch.Tensor):
-        super().__init__(agent.actor, 1, scale, offset)
+    def __init__(self, agent: SACLag, env: VecEnv):
+        super().__init__(agent.actor, 1, env.action_scale, env.action_offset, action_steps(env))
         self.norm = copy.deepcopy(agent.obs_norm).cpu()
         self.cost = copy.deepcopy(agent.cost_critic).cpu()
         self.eval()
@@ -87,7 +121,7 @@ class CostGraph(CommandGraph):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pyright: ignore[reportIncompatibleMethodOverride]
         normalized = self.norm(obs)
         action = self.policy(normalized).clamp(-1.0, 1.0)
-        return command_from_action(action, self.scale, self.offset), self.cost.value(normalized, action)
+        return self.command(obs, action), self.cost.value(normalized, action)
 
 
 def cost_metadata(agent: SACLag, algo: str) -> dict[str, Any]:
@@ -130,7 +164,11 @@ def bundle_metadata(
             "clip": [-1.0, 1.0],
             "scale": env.action_scale.double().tolist(),
             "offset": env.action_offset.double().tolist(),
-            "output": "offset + scale * clip(policy(obs), -1, 1), in the robot's units",
+            "output": "offset + scale * clip(policy(obs), -1, 1), in the robot's units"
+            if env.action_step is None
+            else "offset + scale * clip(last_action + step * clip(policy(obs), -1, 1), -1, 1), in the robot's "
+            "units (the policy steps from its previous action, the observation's last_action term)",
+            **({"step": env.action_step.double().tolist()} if env.action_step is not None else {}),
         },
         "io": {
             "input": {"name": "obs", "shape": ["batch", env.policy_obs_dim]},
@@ -182,10 +220,7 @@ def export_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
 def write_bundle(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: int, output: Path) -> Path:
     """Export `agent`'s deterministic policy for `env` to `output` (atomically) plus the JSON sidecar; a
     constrained learner's cost critic goes along as the graph's second output."""
-    if isinstance(agent, SACLag):
-        policy: nn.Module = CostGraph(agent, env.action_scale, env.action_offset)
-    else:
-        policy = DeployPolicy(agent, env.action_scale, env.action_offset)
+    policy: nn.Module = CostGraph(agent, env) if isinstance(agent, SACLag) else DeployPolicy(agent, env)
     return write_graph(policy, agent_metadata(config, env, agent, step), output)
 
 

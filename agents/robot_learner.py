@@ -42,6 +42,7 @@ from q2real.agents.train import Trainer
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError, load
 from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing, version_name
+from q2real.sim.config import refuse_stepped_actions
 from q2real.sim.streamed import StreamedState
 from q2real.sim.vec_env import StepResult
 
@@ -65,6 +66,7 @@ class RobotLearner(Finetuner):
             )
         env = self.env
         env.require_policy_obs("learning on the robot, from what its node streams,")
+        refuse_stepped_actions(self.config.env, "learning from the targets the node streams")
         self.streamed: StreamedState | None = None
         if task.robot_reward:
             self.streamed = StreamedState(task, env.obs_names, env.obs_dims, env.obs_sources)
@@ -171,7 +173,7 @@ class RobotLearner(Finetuner):
         size = self.replay.size
         recent = (torch.arange(max(0, size - PROBE_ROWS), size) + self.replay.pos - size) % self.replay.rows
         obs = self.replay.data["obs"][recent].reshape(-1, self.env.obs_dim).cpu()
-        policy = DeployPolicy(agent, self.env.action_scale, self.env.action_offset)
+        policy = DeployPolicy(agent, self.env)
         with torch.no_grad():
             commands = policy(obs)
         np.savez(stem.with_suffix(".probe.npz"), obs=obs.numpy(), commands=commands.numpy())

@@ -43,6 +43,7 @@ from q2real.agents.pql import LearnerJob, ParallelLearners
 from q2real.agents.training_state import restore, training_state
 from q2real.configs.loader import ConfigError
 from q2real.sim import EnvConfig, VecEnv, make
+from q2real.sim.config import refuse_stepped_actions
 
 
 class Trainer:
@@ -54,6 +55,8 @@ class Trainer:
         """The run whose learner this one starts from; a resume loads its own checkpoint instead."""
         if self.init_from is not None and not (self.init_from / CHECKPOINT).is_file():
             raise ConfigError(f"init_from: {self.init_from} holds no {CHECKPOINT}; expected a training run's directory")
+        if config.agent.chunk.size > 1:
+            refuse_stepped_actions(config.env, "a chunk policy")
         self.ranks = ranks = Ranks.launched()
         """This process's rank in a torchrun job (None when it trains alone)."""
         self.parallel_data: DataParallel | None = None

@@ -50,7 +50,7 @@ def measure(overrides: list[str], calls: int, tmp: Path) -> dict[str, float]:
     path = write_bundle(config, env, agent, 0, tmp / f"{config.algo}.onnx")
     bundle = PolicyBundle(path)
     compiled = PolicyBundle(path, runtime="compiled")
-    policy = DeployPolicy(agent, env.action_scale, env.action_offset)
+    policy = DeployPolicy(agent, env)
     env.close()
     obs = np.random.default_rng(0).normal(size=(1, bundle.info.obs_dim)).astype(np.float32)
     obs_t = torch.from_numpy(obs)

@@ -110,6 +110,10 @@ def validate_metadata(meta: Any, source: str) -> None:
     if min(scale) < 0:
         raise BundleError(f"{source}: metadata.action.scale: expected numbers >= 0, got {brief(scale)}")
     offset = _numbers(meta, "action.offset", act_dim, source)
+    if isinstance(meta["action"], dict) and "step" in meta["action"]:  # the graph's own; said for the reader
+        step = _numbers(meta, "action.step", act_dim, source)
+        if not all(0 <= v <= 2 for v in step):
+            raise BundleError(f"{source}: metadata.action.step: expected numbers in [0, 2], got {brief(step)}")
     if _get(meta, "control_period", float, source) <= 0:
         raise BundleError(f"{source}: metadata.control_period: expected > 0")
     if meta.get("robot") is not None:

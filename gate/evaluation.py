@@ -16,6 +16,7 @@ from q2real.agents.learners import restore_agent
 from q2real.configs.errors import RunDirError
 from q2real.configs.loader import ConfigError, load
 from q2real.sim import EnvConfig, make
+from q2real.sim.config import target_actions
 
 
 def evaluate_run(
@@ -85,7 +86,7 @@ def _evaluate_bundle(env_config: EnvConfig, bundle: Path, episodes: int, seed: i
     from q2real.deploy_ros.bundle import PolicyBundle
 
     runner = PolicyBundle(bundle)
-    env = make(dataclasses.replace(env_config, num_envs=episodes, seed=seed))
+    env = make(dataclasses.replace(target_actions(env_config), num_envs=episodes, seed=seed))
     try:
 
         def predict(obs: torch.Tensor) -> torch.Tensor:

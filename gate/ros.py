@@ -34,6 +34,7 @@ from q2real.gate.sim_robot import GROUND_TRUTH_TOPIC
 from q2real.gate.transfer import GateError
 from q2real.hardware.action import action_from_command
 from q2real.sim import EnvConfig
+from q2real.sim.config import target_actions
 from q2real.sim.physics import PhysicsState
 from q2real.sim.registry import make_task
 
@@ -90,7 +91,7 @@ def ros_returns(
     node on the sim robot; the fraction of the policy's ticks (the node's shield in RUN, over every
     deployment) on which a shield clamp changed its command, and the mean change per tick
     (`q2real.safety.shield.Counters`)."""
-    env = make_task(dataclasses.replace(env_config, num_envs=1, backend="mujoco", device="cpu"))
+    env = make_task(dataclasses.replace(target_actions(env_config), num_envs=1, backend="mujoco", device="cpu"))
     task, model = env.task, env.task.model
     env.close()
     node_config = NodeConfig(autostart=True)

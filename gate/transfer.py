@@ -37,7 +37,7 @@ from q2real.safety.compiled import Shield
 from q2real.safety.flags import CLAMPS
 from q2real.safety.shield import ShieldConfig
 from q2real.sim import RandomizationConfig
-from q2real.sim.config import resolve_backend
+from q2real.sim.config import resolve_backend, target_actions
 from q2real.sim.env import TaskEnv
 from q2real.sim.registry import make_task
 
@@ -172,7 +172,7 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
     change = 0.0
     scale, offset = shields[0].scale, shields[0].offset
     # A `last_action` term is the policy's own previous output on the robot; the env saw the shield's.
-    last = _term(env, "last_action")
+    last = env.term_columns("last_action")
     t = 0.0
     for shield, q, qd in zip(shields, *_joints(task, physics), strict=True):
         shield.tick(names, q, qd, t, t)
@@ -212,14 +212,6 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
         t += dt
     rules = {name: n / max(ticks, 1) for name, n in fired.items() if n}
     return Episodes(returns, costs, interventions / max(ticks, 1), change / max(ticks, 1), rules, env.has_cost)
-
-
-def _term(env: TaskEnv, name: str) -> slice | None:
-    if name not in env.obs_names:
-        return None
-    i = env.obs_names.index(name)
-    start = sum(env.obs_dims[:i])
-    return slice(start, start + env.obs_dims[i])
 
 
 def _joints(task, physics) -> tuple[np.ndarray, np.ndarray]:
@@ -273,7 +265,7 @@ def run_gate(
     def env_on(on: str, randomization: RandomizationConfig, num_envs: int = episodes) -> TaskEnv:
         return make_task(
             dataclasses.replace(
-                env_config,
+                target_actions(env_config),
                 backend=on,
                 device="cpu",
                 num_envs=num_envs,

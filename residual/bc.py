@@ -34,6 +34,7 @@ from q2real.configs.loader import ConfigError, load, to_dict
 from q2real.contracts.chunks import ChunkSpec
 from q2real.residual.dataset import Demos, read_lerobot
 from q2real.sim import EnvConfig, VecEnv, make
+from q2real.sim.config import refuse_stepped_actions
 
 
 @dataclass
@@ -114,6 +115,7 @@ def chunk_targets(demos: Demos, chunk: int) -> np.ndarray:
 
 def prepare(config: BCConfig) -> tuple[Demos, EnvConfig]:
     """The episodes to clone and the env they run on (the dataset's own unless the config names one)."""
+    refuse_stepped_actions(config.env, "behaviour cloning of recorded targets")
     demos = read_lerobot(config.dataset)
     if config.successful_only and demos.success is not None:
         demos = demos.select(np.flatnonzero(demos.episode_success()))

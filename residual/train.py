@@ -30,6 +30,7 @@ from q2real.residual.dataset import read_lerobot
 from q2real.residual.demo_replay import DemoMixSampler, demo_storage
 from q2real.residual.learner import ResidualConfig, ResidualSAC
 from q2real.sim import EnvConfig, VecEnv, make
+from q2real.sim.config import refuse_stepped_actions
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ResidualTrainer(Trainer):
 
     def __init__(self, config: ResidualTrainConfig, callbacks: Sequence[Callback] = (), resume: Path | None = None):
         config.validate()
+        refuse_stepped_actions(config.env, "a residual over a cloned policy")
         settings = config.residual
         self.base: BCPolicy | None = None
         self.base_config: BCConfig | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,3 +62,21 @@ def resolve_backend(name: str) -> Literal["mujoco", "mjx"]:
     except ImportError:
         return "mujoco"
     return "mjx" if jax.default_backend() == "gpu" else "mujoco"
+
+
+def stepped_actions(config: EnvConfig) -> bool:
+    """Whether the env's actions are steps from the previous action (`action_rate`), not targets."""
+    return config.task_params.get("action_rate") is not None
+
+
+def target_actions(config: EnvConfig) -> EnvConfig:
+    """The env a policy bundle acts on: a bundle's graph already turns a step into a target, so the env
+    takes targets."""
+    if not stepped_actions(config):
+        return config
+    return dataclasses.replace(config, task_params={**config.task_params, "action_rate": None})
+
+
+def refuse_stepped_actions(config: EnvConfig, what: str) -> None:
+    if stepped_actions(config):
+        raise ConfigError(f"env.task_params.action_rate: {what} acts on targets, not steps; leave action_rate unset")

@@ -79,6 +79,7 @@ class TaskEnv(VecEnv):
         self._latency = torch.randint(lo, hi + 1, (n,), generator=dr_gen).to(self.device)
         self.action_dim = self.task.action_dim
         self.action_scale, self.action_offset = self.task.command_scale, self.task.command_offset
+        self.action_step = self.task.action_step
         self.control_period = spec.control_period
         self._action_queue = torch.zeros(n, hi + 1, self.action_dim, device=self.device)
         self._clamps = None
@@ -172,7 +173,7 @@ class TaskEnv(VecEnv):
         return self._observe(physics)
 
     def step(self, action: torch.Tensor) -> StepResult:
-        applied = self.check_action(action)
+        applied = self.task.target_action(self.check_action(action))
         self.task.last_action = applied  # what the policy asked for (clipped), as the node keeps it
         if self._action_queue.shape[1] > 1:
             self._action_queue = torch.roll(self._action_queue, 1, dims=1)

@@ -59,6 +59,9 @@ class VecEnv(ABC):
     action_offset: torch.Tensor
     """The command an action in [-1, 1] stands for is `action_offset + action_scale * action`, in the
     robot's units (N m, N or rad per joint for q2real tasks); policy bundles bake this in."""
+    action_step: torch.Tensor | None = None
+    """Per joint, how far an action of 1 moves the target from the previous action in one tick (the
+    task's `action_rate`); None: an action is the target itself."""
     control_period: float | None
     """Seconds between actions, where the env knows it."""
     has_cost: bool = False
@@ -73,6 +76,14 @@ class VecEnv(ABC):
         """Leading observation columns the policy sees (what a bundle takes); any after them are
         critic-only terms (`TaskConfig.critic_terms`)."""
         return self.obs_dim
+
+    def term_columns(self, name: str) -> slice | None:
+        """The observation columns of the term `name`; None where the observation has no such term."""
+        if name not in self.obs_names:
+            return None
+        i = self.obs_names.index(name)
+        start = sum(self.obs_dims[:i])
+        return slice(start, start + self.obs_dims[i])
 
     def require_policy_obs(self, what: str) -> None:
         """Refuse critic-only observation terms for `what`, which sees only what the robot observes."""

@@ -227,7 +227,7 @@ def test_a_chunk_policy_exports_with_parity_and_earns_its_torch_returns(tmp_path
     assert bundle.info.chunk == spec and bundle.info.metadata["chunk"]["dt"] == bundle.info.control_period
     obs = np.random.default_rng(1).normal(0, 2, (500, bundle.info.obs_dim)).astype(np.float32)
     with torch.no_grad():
-        expected = DeployPolicy(learner, env.action_scale, env.action_offset)(torch.from_numpy(obs)).numpy()
+        expected = DeployPolicy(learner, env)(torch.from_numpy(obs)).numpy()
     assert expected.shape == (500, spec.size, 1) and np.abs(bundle(obs) - expected).max() < 1e-5
     from_torch = evaluate_run(run, episodes=3, seed=4)
     from_bundle = evaluate_run(run, episodes=3, seed=4, bundle=run / "policy.onnx")

@@ -91,7 +91,7 @@ def test_the_actor_reads_only_the_policy_columns_and_the_bundle_takes_only_them(
     assert bundle.info.obs_dim == policy and bundle.info.metadata["io"]["input"]["shape"] == ["batch", policy]
     raw = obs[:, :policy].numpy()
     with torch.no_grad():
-        expected = DeployPolicy(agent, env.action_scale, env.action_offset)(obs[:, :policy]).numpy()
+        expected = DeployPolicy(agent, env)(obs[:, :policy]).numpy()
     assert np.abs(bundle(raw) - expected).max() < 1e-5
     # The gate feeds the bundle the policy's columns of the same episodes the torch policy saw.
     from_torch = evaluate_run(run, episodes=2, seed=3)

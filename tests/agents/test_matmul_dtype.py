@@ -84,7 +84,7 @@ def test_a_policy_trained_with_bfloat16_products_exports_a_float32_graph(tmp_pat
         kinds |= {a.i for n in graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"}
         assert onnx.TensorProto.BFLOAT16 not in kinds
         obs = torch.randn(8, env.policy_obs_dim)
-        deploy = DeployPolicy(agent, env.action_scale, env.action_offset).eval()  # as the export traces it
+        deploy = DeployPolicy(agent, env).eval()  # as the export traces it
         with torch.no_grad(), float32_matmuls(deploy):
             expected = deploy(obs).numpy()
         assert np.abs(PolicyBundle(path)(obs.numpy()) - expected).max() < 1e-5

@@ -51,7 +51,7 @@ def sac_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _torch_policy(run: Path) -> DeployPolicy:
     _, env, agent, _ = load_run_policy(run)
     env.close()
-    return DeployPolicy(agent, env.action_scale, env.action_offset)
+    return DeployPolicy(agent, env)
 
 
 def _real_observations(run: Path, n: int = 1000) -> np.ndarray:
