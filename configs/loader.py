@@ -153,9 +153,23 @@ def merge(config: T, data: Mapping[str, Any], source: str, prefix: str = "") -> 
         current = getattr(config, key)
         if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
             changes[key] = merge(current, value, source, prefix=f"{prefix}{key}.")
+        elif isinstance(current, Mapping) and isinstance(value, Mapping):
+            # A free-form mapping (`env.task_params`): `a.b=1` on the command line sets one entry on top
+            # of the preset's, as it does in a section, rather than replacing all of them.
+            changes[key] = _coerce(_layered(current, value), hints[key], source, f"{prefix}{key}")
         else:
             changes[key] = _coerce(value, hints[key], source, f"{prefix}{key}")
     return dataclasses.replace(config, **changes)  # pyright: ignore[reportArgumentType]
+
+
+def _layered(below: Mapping[str, Any], above: Mapping[str, Any]) -> dict[str, Any]:
+    """`above`'s entries over `below`'s, nested mappings layered the same way."""
+    out = dict(below)
+    for key, value in above.items():
+        inner = out.get(key)
+        both = isinstance(inner, Mapping) and isinstance(value, Mapping)
+        out[key] = _layered(inner, value) if both else value  # pyright: ignore[reportArgumentType]
+    return out
 
 
 def parse_overrides(overrides: list[str], source: str = "command line") -> dict[str, Any]:

@@ -145,3 +145,10 @@ def test_an_old_run_config_with_every_learners_section_still_loads(tmp_path: Pat
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     config = load(TrainConfig, str(path))
     assert config.algo == "td3" and config.agent.policy_delay == 4
+
+
+def test_a_dotted_override_sets_one_task_param_on_top_of_the_presets() -> None:
+    config = load(TrainConfig, "crossq_panda_push", ["env.task_params.action_rate=1.0"])
+    assert config.env.task_params == {"observe_last_action": True, "action_rate": 1.0}
+    again = load(TrainConfig, "crossq_panda_push", ["env.task_params.observe_last_action=false"])
+    assert again.env.task_params == {"observe_last_action": False}
