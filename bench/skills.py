@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import statistics
 import time
@@ -147,8 +148,8 @@ SKILLS_BY_TASK = {
 class SkillCurve(Callback):
     """Judges the skill every `every` env steps and at the end; stops training after `budget` seconds."""
 
-    def __init__(self, skill: Skill, env: VecEnv, every: int, budget: float):
-        self.skill, self.env, self.budget = skill, env, budget
+    def __init__(self, skill: Skill, env: VecEnv, every: int, budget: float, on_point: Callable[[], None]):
+        self.skill, self.env, self.budget, self.on_point = skill, env, budget, on_point
         self.every = Every(every, 0)
         self.points: list[dict[str, float]] = []
         self.start = time.monotonic()
@@ -165,6 +166,7 @@ class SkillCurve(Callback):
         self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
         shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
         print(f"  skill at {trainer.step:,} env steps, {point['seconds'] / 60:.1f} min: {shown}", flush=True)
+        self.on_point()
 
     def on_iteration(self, trainer) -> None:
         if self.every.due(trainer.step):
@@ -189,31 +191,47 @@ def eval_env(config: TrainConfig, episodes: int) -> VecEnv:
 
 
 def run(
-    task: str, seed: int, minutes: float, every: int, episodes: int, overrides: list[str], preset: str | None = None
+    task: str,
+    seed: int,
+    minutes: float,
+    every: int,
+    episodes: int,
+    overrides: list[str],
+    save: Callable[[dict], None],
+    preset: str | None = None,
 ) -> dict:
-    """Train `preset` (the task's CPU skill preset by default) with `overrides`, judged as it goes."""
+    """Train `preset` (the task's CPU skill preset by default) with `overrides`, judged as it goes; the
+    run's figures so far go to `save` at every point (`complete` false until it ends), so a run cut
+    short keeps its curve."""
     preset = preset or PRESETS[task]
     config = load(TrainConfig, preset, [f"env.seed={seed}", *overrides])
     skill = SKILLS_BY_TASK[task]
     env = eval_env(config, episodes)
-    curve = SkillCurve(skill, env, every, minutes * 60)
+    run_dir: list[str] = []
+
+    def result(complete: bool) -> dict:
+        last = curve.points[-1]
+        return {
+            "run_dir": run_dir[0] if run_dir else None,
+            "preset": preset,
+            "overrides": overrides,
+            "complete": complete,
+            "env_steps": last["env_steps"],
+            "updates": last["updates"],
+            "seconds": last["seconds"],
+            "episodes": episodes,
+            "final": {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")},
+            "curve": list(curve.points),
+        }
+
+    curve = SkillCurve(skill, env, every, minutes * 60, lambda: save(result(False)))
     try:
         trainer = Trainer(config, [curve])
-        path = trainer.run()
+        run_dir.append(str(trainer.run_dir.path))
+        trainer.run()
     finally:
         env.close()
-    last = curve.points[-1]
-    return {
-        "run_dir": str(path),
-        "preset": preset,
-        "overrides": overrides,
-        "env_steps": last["env_steps"],
-        "updates": last["updates"],
-        "seconds": last["seconds"],
-        "episodes": episodes,
-        "final": {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")},
-        "curve": curve.points,
-    }
+    return result(True)
 
 
 def keep(run_dir: str | Path, name: str, checkpoint: bool = True) -> Path:
@@ -228,6 +246,13 @@ def keep(run_dir: str | Path, name: str, checkpoint: bool = True) -> Path:
     shutil.copy2(kept / "policy.onnx", bundle)
     shutil.copy2(kept / "policy.onnx.json", bundle.with_name(bundle.name + ".json"))
     return bundle
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A reader (or a run stopped mid-write) sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def best(scores: dict[K, float]) -> K:
@@ -319,24 +344,29 @@ def main() -> None:
     episodes = SKILLS_BY_TASK[args.task].episodes if args.episodes is None else args.episodes
     if episodes < 1:
         parser.error(f"--episodes: expected >= 1, got {episodes}")
-    result = run(args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides)
-    tasks = merged_recipes()
-    recipes = tasks.setdefault(args.task, {"recipes": {}})["recipes"]
-    recipe = recipes.setdefault(args.recipe, {"overrides": overrides, "seeds": {}})
-    recipe["seeds"][str(args.seed)] = result
-    best = best_run(args.task, recipes)
-    tasks[args.task]["best_run"] = {"recipe": best[0], "seed": int(best[1])}
-    if best == (args.recipe, str(args.seed)):
-        keep(result["run_dir"], args.task)
-    figures = headline(tasks)
-    path.write_text(json.dumps(figures | {"tasks": tasks}, indent=2))
-    plot(tasks, RESULTS / "skills.png")
 
+    def save(result: dict) -> dict[str, dict]:
+        tasks = merged_recipes()
+        recipes = tasks.setdefault(args.task, {"recipes": {}})["recipes"]
+        recipe = recipes.setdefault(args.recipe, {"overrides": overrides, "seeds": {}})
+        recipe["seeds"][str(args.seed)] = result
+        best = best_run(args.task, recipes)
+        tasks[args.task]["best_run"] = {"recipe": best[0], "seed": int(best[1])}
+        if result["complete"] and best == (args.recipe, str(args.seed)):
+            keep(result["run_dir"], args.task)
+        figures = headline(tasks)
+        write_atomically(path, json.dumps(figures | {"tasks": tasks}, indent=2))
+        plot(tasks, RESULTS / "skills.png")
+        return tasks
+
+    tasks = save(run(args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides, save))
+    figures = headline(tasks)
     print(f"\n{'task':<15} {'recipe':<16} {'seed':>4} {'env steps':>10} {'updates':>9} {'minutes':>8}  final")
     for task, data in sorted(tasks.items()):
         for name, recipe_ in sorted(data["recipes"].items()):
             for seed, run_ in sorted(recipe_["seeds"].items()):
                 shown = ", ".join(f"{k} {v:.3f}" for k, v in run_["final"].items())
+                shown += "" if run_.get("complete", True) else " (cut short)"
                 print(
                     f"{task:<15} {name:<16} {seed:>4} {run_['env_steps']:>10,} {run_['updates']:>9,} "
                     f"{run_['seconds'] / 60:>8.1f}  {shown}"

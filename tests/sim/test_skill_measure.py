@@ -87,3 +87,17 @@ def test_a_run_that_tracks_better_but_falls_more_does_not_rank_first() -> None:
     skill = bench.SKILLS_BY_TASK["spot_joystick"]
     assert skill.shortfall({"tracking_error_lin": 0.25, "tracking_error_ang": 0.1, "fall_rate": 0.0}) == 1.0
     assert bench.SKILLS_BY_TASK["gr1_stand"].shortfall({"stand_rate": 0.475}) == 2.0
+
+
+@pytest.mark.slow  # trains three points' worth of a tiny CrossQ
+def test_a_run_saves_its_curve_at_every_point_so_one_cut_short_keeps_it(tmp_path: Path) -> None:
+    saved: list[dict] = []
+    tiny = ["env.num_envs=4", "env.task_params.episode_length=16", "total_steps=192", "warmup_steps=64"]
+    tiny += ["crossq.batch_size=32", "crossq.actor_hidden=[32]", "crossq.critic_hidden=[32]"]
+    tiny += ["checkpoint_every=0", "replay_capacity=1000"]
+    overrides = [*tiny, "eval_every=0", f"log.root={tmp_path}"]
+    result = skills_bench().run("panda_push", 0, 10.0, 64, 2, overrides, saved.append)
+    assert [len(r["curve"]) for r in saved] == [1, 2, 3], "one save per point, each with the curve so far"
+    assert not any(r["complete"] for r in saved) and result["complete"]
+    assert [p["env_steps"] for p in result["curve"]] == [64, 128, 192]
+    assert result["run_dir"] == saved[0]["run_dir"] and Path(result["run_dir"]).is_dir()
