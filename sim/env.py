@@ -118,6 +118,12 @@ class TaskEnv(VecEnv):
         """Terms after the policy's observation that only the critics see (`TaskConfig.critic_terms`)."""
         self.critic_dim = sum(t.shape[-1] for t in critic.values())
         self.obs_dim = sum(self.obs_dims) + self.critic_dim
+        exact = self.term_columns("last_action")
+        self._sensed: torch.Tensor | None = None
+        """1 on the policy's columns that sensors give, 0 on the previous action's (None: all are sensed)."""
+        if exact is not None:
+            self._sensed = torch.ones(sum(self.obs_dims), device=self.device)
+            self._sensed[exact] = 0.0
         sources = self.task.observed_sources()
         self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
 
@@ -139,10 +145,17 @@ class TaskEnv(VecEnv):
         return torch.cat([obs, *self.task.critic_terms(physics).values()], dim=-1)
 
     def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Sensor noise and bias on every column but the previous action's, which the node knows exactly
+        (a step policy adds its step to it: noise there would random-walk its target)."""
         dr = self.config.randomization
+        noise = torch.zeros((), device=self.device)
         if dr.obs_noise_std > 0:
-            obs = obs + dr.obs_noise_std * torch.randn(obs.shape, generator=self._gen, device=self.device)
-        return obs + self._obs_bias if dr.obs_bias > 0 else obs
+            noise = dr.obs_noise_std * torch.randn(obs.shape, generator=self._gen, device=self.device)
+        if dr.obs_bias > 0:
+            noise = noise + self._obs_bias
+        if noise.dim() == 0:
+            return obs
+        return obs + noise * self._sensed if self._sensed is not None else obs + noise
 
     def _push(self) -> torch.Tensor:
         """Body wrenches for this tick: a horizontal shove of random heading and size on the envs due one."""

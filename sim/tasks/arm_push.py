@@ -7,7 +7,11 @@ position comes from forward kinematics of the arm's model, the cube's from a tra
 `object_pose` in the robot's base frame (`world` here: the arm stands at the origin) and the target
 from the command input.
 Reward in [0, 1] per step: (reach + w push) / (1 + w), w = `push_weight` (4), with
-reach = 1 - tanh(|pusher - cube| / scale) and push = 1 - tanh(|cube_xy - target| / scale).
+reach = 1 - tanh(|pusher - p| / scale) and push = 1 - tanh(|cube_xy - target| / scale), where p is
+the cube's centre, or with `approach: behind` the point where the pusher touches the cube's far side
+from the target (cube_xy - u (half size + pusher radius), u the unit vector from cube to target, at
+the cube centre's height): from there a push moves the cube toward the target, while the cube's
+centre pays as much for touching it from the side that pushes it away.
 With `sparse`, the reward is 1 on the steps the cube's centre is within `success_radius` of the
 target, else 0. Success: the cube was ever there. No terminal states.
 Reset: home pose plus joint noise, cube uniform in a box in front of the robot, target uniform in a
@@ -17,6 +21,7 @@ larger box.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import mujoco
 import torch
@@ -27,6 +32,7 @@ from q2real.sim.task import Task, TaskConfig
 from q2real.sim.tasks.arm_reach import END_EFFECTOR, sensor_slice
 
 CUBE_HALF_SIZE = 0.025
+PUSHER_RADIUS = 0.02
 
 
 @dataclass
@@ -43,6 +49,8 @@ class ArmPushConfig(TaskConfig):
     push_weight: float = 4.0
     """Weight of the cube-to-target term against the pusher-to-cube term (weight 1)."""
     joint_noise: float = 0.05
+    approach: Literal["cube", "behind"] = "cube"
+    """Where the reach term draws the pusher: the cube's centre, or the contact point behind it."""
     sparse: bool = False
     """Reward 1 only while the cube is within `success_radius` of the target, else 0."""
     success_radius: float = 0.05
@@ -69,7 +77,7 @@ class ArmPush(Task):
         hand.add_geom(
             name="pusher",
             type=mujoco.mjtGeom.mjGEOM_SPHERE,
-            size=(0.02, 0, 0),
+            size=(PUSHER_RADIUS, 0, 0),
             pos=(0, 0, 0.04),
             contype=1,
             conaffinity=0,
@@ -135,12 +143,21 @@ class ArmPush(Task):
         distance = (self.cube_position(physics)[:, :2] - self.command).norm(dim=-1)
         return distance <= self.config.success_radius
 
+    def approach_point(self, cube: torch.Tensor) -> torch.Tensor:
+        """Where the reach term draws the pusher (`ArmPushConfig.approach`), (num_envs, 3)."""
+        if self.config.approach == "cube":
+            return cube
+        away = self.command - cube[:, :2]
+        unit = away / away.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+        behind = cube[:, :2] - (CUBE_HALF_SIZE + PUSHER_RADIUS) * unit
+        return torch.cat([behind, cube[:, 2:]], dim=-1)
+
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         if self.config.sparse:
             return self.success(physics).float()
         cube = self.cube_position(physics)
         scale = self.config.distance_scale
-        reach = 1 - torch.tanh((physics.sensordata[:, self._ee] - cube).norm(dim=-1) / scale)
+        reach = 1 - torch.tanh((physics.sensordata[:, self._ee] - self.approach_point(cube)).norm(dim=-1) / scale)
         push = 1 - torch.tanh((cube[:, :2] - self.command).norm(dim=-1) / scale)
         weight = self.config.push_weight
         return (reach + weight * push) / (1 + weight)

@@ -19,7 +19,7 @@ from q2real.configs.loader import ConfigError, load
 from q2real.contracts.schema import BundleError, validate_metadata
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.residual.bc import BCConfig, prepare
-from q2real.sim import EnvConfig, make
+from q2real.sim import EnvConfig, RandomizationConfig, make
 from q2real.sim.config import target_actions
 from q2real.sim.shield_clamps import RULES
 
@@ -168,3 +168,17 @@ def test_a_bundle_step_outside_its_range_is_refused() -> None:
     meta["action"]["step"] = [0.1, float("nan")]
     with pytest.raises(BundleError, match=r"metadata.action.step: expected 2 finite numbers"):
         validate_metadata(meta, "b.onnx")
+
+
+def test_sensor_noise_leaves_the_previous_action_exact_as_the_node_knows_it() -> None:
+    noisy = dataclasses.replace(panda(), randomization=RandomizationConfig(obs_noise_std=0.05, obs_bias=0.02))
+    env = make(noisy)
+    env.reset(seed=0)
+    last = env.term_columns("last_action")
+    assert last is not None
+    for _ in range(5):
+        result = env.step(torch.full((env.num_envs, env.action_dim), 0.5))
+        torch.testing.assert_close(result.obs[:, last], env.task.last_action, rtol=0, atol=0)
+    sensed = result.obs[:, : last.start] - env.task.observe(env.physics)[:, : last.start]
+    assert float(sensed.abs().mean()) > 0.01, "the sensor columns still carry noise"
+    env.close()
