@@ -39,6 +39,8 @@ from q2real.contracts.schema import (
 )
 from q2real.hardware.action import command_from_action
 from q2real.sim import VecEnv, make
+from q2real.sim.action_steps import KEY as STEPS_KEY
+from q2real.sim.action_steps import ActionSteps
 
 # Opset 17 runs on every onnxruntime from 1.14 on, including the ARM builds robot computers ship.
 OPSET = 17
@@ -48,12 +50,11 @@ class CommandGraph(nn.Module):
     """raw obs -> `policy` (actions in [-1, 1], a chunk's flattened) -> clip -> joint commands,
     (batch, action_dim), or (batch, chunk, action_dim) for a chunk policy, one row per tick.
 
-    With `step` (a task's `action_rate`) the policy's action is a step: the graph adds `step * action` to
-    the previous action, read from the observation's `last_action` columns, and clips, as the env did in
-    training; the node and shield then receive targets as from any other bundle."""
+    With `steps` (a task's `action_rate`) the policy's action is a step: the graph moves the previous
+    action, read from the observation's `last_action` columns, by it, as the env did in training; the
+    node and shield then receive targets as from any other bundle."""
 
     scale: torch.Tensor
-    step: torch.Tensor | None
 
     def __init__(
         self,
@@ -61,40 +62,40 @@ class CommandGraph(nn.Module):
         chunk: int,
         scale: torch.Tensor,
         offset: torch.Tensor,
-        step: tuple[torch.Tensor, slice] | None = None,
+        steps: tuple[ActionSteps, slice] | None = None,
     ):
         super().__init__()
         self.policy = copy.deepcopy(policy).cpu()
         self.register_buffer("scale", scale.detach().cpu().float())
         self.register_buffer("offset", offset.detach().cpu().float())
-        self.register_buffer("step", None if step is None else step[0].detach().cpu().float())
-        self.last = None if step is None else step[1]
+        self.steps = None if steps is None else steps[0].to("cpu")
+        self.last = None if steps is None else steps[1]
         self.chunk = chunk
-        if step is not None and chunk > 1:
-            raise BundleError("env.task_params.action_rate: steps are taken one per tick, not in chunks")
+        if steps is not None and chunk > 1:
+            raise BundleError(f"{STEPS_KEY}: steps are taken one per tick, not in chunks")
         self.eval()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.command(obs, self.policy(obs).clamp(-1.0, 1.0))
 
     def command(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """Joint commands for the policy's clipped `action` (a step, added to the previous action, where
-        the graph has one)."""
-        if self.step is not None:
-            action = (obs[:, self.last] + self.step * action).clamp(-1.0, 1.0)
+        """Joint commands for the policy's clipped `action` (a step from the previous action, where the
+        graph takes steps)."""
+        if self.steps is not None:
+            action = self.steps.target(obs[:, self.last], action)
         if self.chunk > 1:
             action = action.reshape(-1, self.chunk, self.scale.numel())
         return command_from_action(action, self.scale, self.offset)
 
 
-def action_steps(env: VecEnv) -> tuple[torch.Tensor, slice] | None:
-    """The env's action step and where its observation holds the previous action, for `CommandGraph`."""
-    if env.action_step is None:
+def action_steps(env: VecEnv) -> tuple[ActionSteps, slice] | None:
+    """The env's action steps and where its observation holds the previous action, for `CommandGraph`."""
+    if env.action_steps is None:
         return None
     last = env.term_columns("last_action")
     if last is None:
-        raise BundleError("env.task_params.action_rate: the observation has no last_action term to step from")
-    return env.action_step, last
+        raise BundleError(f"{STEPS_KEY}: the observation has no last_action term to step from")
+    return env.action_steps, last
 
 
 class DeployPolicy(CommandGraph):
@@ -165,10 +166,10 @@ def bundle_metadata(
             "scale": env.action_scale.double().tolist(),
             "offset": env.action_offset.double().tolist(),
             "output": "offset + scale * clip(policy(obs), -1, 1), in the robot's units"
-            if env.action_step is None
-            else "offset + scale * clip(last_action + step * clip(policy(obs), -1, 1), -1, 1), in the robot's "
-            "units (the policy steps from its previous action, the observation's last_action term)",
-            **({"step": env.action_step.double().tolist()} if env.action_step is not None else {}),
+            if env.action_steps is None
+            else "offset + scale * clip(last_action + step * clip(policy(obs), -1, 1), step_range), in the "
+            "robot's units (the policy steps from its previous action, the observation's last_action term)",
+            **(env.action_steps.metadata() if env.action_steps is not None else {}),
         },
         "io": {
             "input": {"name": "obs", "shape": ["batch", env.policy_obs_dim]},

@@ -110,10 +110,8 @@ def validate_metadata(meta: Any, source: str) -> None:
     if min(scale) < 0:
         raise BundleError(f"{source}: metadata.action.scale: expected numbers >= 0, got {brief(scale)}")
     offset = _numbers(meta, "action.offset", act_dim, source)
-    if isinstance(meta["action"], dict) and "step" in meta["action"]:  # the graph's own; said for the reader
-        step = _numbers(meta, "action.step", act_dim, source)
-        if not all(0 <= v <= 2 for v in step):
-            raise BundleError(f"{source}: metadata.action.step: expected numbers in [0, 2], got {brief(step)}")
+    if "step" in meta["action"] or "step_range" in meta["action"]:  # the graph's own; said for the reader
+        _check_steps(meta, act_dim, source)
     if _get(meta, "control_period", float, source) <= 0:
         raise BundleError(f"{source}: metadata.control_period: expected > 0")
     if meta.get("robot") is not None:
@@ -122,6 +120,20 @@ def validate_metadata(meta: Any, source: str) -> None:
     chunk = chunk_from_metadata(meta, source)
     if cost_from_metadata(meta, source) is not None and chunk.size > 1:
         raise BundleError(f"{source}: metadata.cost_critic: a cost critic prices single actions, not chunks")
+
+
+def _check_steps(meta: dict, act_dim: int, source: str) -> None:
+    step = _numbers(meta, "action.step", act_dim, source)
+    if not all(0 <= v <= 2 for v in step):
+        raise BundleError(f"{source}: metadata.action.step: expected numbers in [0, 2], got {brief(step)}")
+    bounds = _get(meta, "action.step_range", list, source)
+    if len(bounds) != 2:
+        raise BundleError(f"{source}: metadata.action.step_range: expected [low, high], got {brief(bounds)}")
+    low, high = (_numbers({"r": side}, "r", act_dim, f"{source}: action.step_range") for side in bounds)
+    if not all(-1 <= lo <= hi <= 1 for lo, hi in zip(low, high, strict=True)):
+        raise BundleError(
+            f"{source}: metadata.action.step_range: expected -1 <= low <= high <= 1 per joint, got {brief(bounds)}"
+        )
 
 
 def cost_from_metadata(meta: dict[str, Any], source: str) -> dict[str, Any] | None:

@@ -79,7 +79,7 @@ class TaskEnv(VecEnv):
         self._latency = torch.randint(lo, hi + 1, (n,), generator=dr_gen).to(self.device)
         self.action_dim = self.task.action_dim
         self.action_scale, self.action_offset = self.task.command_scale, self.task.command_offset
-        self.action_step = self.task.action_step
+        self.action_steps = self.task.action_steps
         self.control_period = spec.control_period
         self._action_queue = torch.zeros(n, hi + 1, self.action_dim, device=self.device)
         self._clamps = None

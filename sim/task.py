@@ -7,7 +7,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import mujoco
-import numpy as np
 import torch
 
 from q2real.configs.loader import ConfigError
@@ -15,6 +14,9 @@ from q2real.hardware import RobotSpec
 from q2real.hardware.action import action_mapping, command_from_action
 from q2real.hardware.model import actuator_for_joint
 from q2real.hardware.spec import SpecError
+from q2real.safety.shield import ShieldConfig
+from q2real.sim.action_steps import KEY as STEPS_KEY
+from q2real.sim.action_steps import ActionSteps
 from q2real.sim.physics import PhysicsState
 
 
@@ -40,8 +42,9 @@ class TaskConfig:
     cannot learn to stay inside it."""
     action_rate: float | None = None
     """Actions as steps, for position-controlled robots: the target moves from the previous one by
-    `action * action_rate` of the shield's rate window (velocity limit x control period), clipped to the
-    action range, so a policy never asks for a target the rate limit would cut. None: an action is the
+    `action * action_rate` of the shield's rate window (velocity limit x control period), kept inside
+    the shield's soft position window (`q2real.sim.action_steps`), so a policy never asks for a target
+    the rate or soft-limit rule would cut. None: an action is the
     target itself, and a policy must learn to keep its output within one rate window of the last (on
     the Panda 0.044 of the action range per tick; the shield cut 99 % of its targets from scratch).
     Needs `observe_last_action`: the step is added to the previous action the policy sees, and the
@@ -105,35 +108,25 @@ class Task(ABC):
         self.command_offset = torch.tensor(offset, dtype=torch.float32, device=device)
         # MuJoCo ctrl is the command divided by the actuator gear (1 for position actuators).
         self._gear = gear if spec.control_mode == "torque" else torch.ones_like(gear)
-        self.action_step = self._action_step(spec, config, scale)
-        """Per joint, how far an action of 1 moves the target in one tick, in action units
-        (`TaskConfig.action_rate`); None: actions are targets."""
+        self.action_steps = self._action_steps(spec, config, scale, offset)
+        """How an action moves the target (`TaskConfig.action_rate`); None: actions are targets."""
         self.command = torch.zeros(0, self.command_dim, device=device)
         """The current command of every env (num_envs, command_dim); no rows before the first reset."""
         self.last_action = torch.zeros(0, self.action_dim, device=device)
         """The policy's previous action of every env (num_envs, action_dim), kept by the env."""
 
-    def _action_step(self, spec: RobotSpec, config: TaskConfig, scale) -> torch.Tensor | None:
-        rate = config.action_rate
-        if rate is None:
+    def _action_steps(self, spec: RobotSpec, config: TaskConfig, scale, offset) -> ActionSteps | None:
+        if config.action_rate is None:
             return None
-        key = "env.task_params.action_rate"
-        if spec.control_mode != "position":
-            raise ConfigError(f"{key}: steps a position target; {spec.name} is {spec.control_mode}-controlled")
-        if not 0 < rate <= 1:
-            raise ConfigError(f"{key}: expected a fraction of the shield's rate window in (0, 1], got {rate}")
         if not config.observe_last_action:
-            raise ConfigError(f"{key}: needs env.task_params.observe_last_action: true (the step adds to it)")
-        window = spec.array("velocity_limit") * spec.control_period
-        step = np.divide(rate * window, scale, out=np.zeros_like(scale), where=scale > 0)
-        return torch.tensor(np.minimum(step, 2.0), dtype=torch.float32, device=self.device)
+            raise ConfigError(f"{STEPS_KEY}: needs env.task_params.observe_last_action: true (the step adds to it)")
+        margin = ShieldConfig().soft_limit_margin  # the clamps' in the loop, and a node's by default
+        return ActionSteps.of(spec, config.action_rate, margin, scale, offset, self.device)
 
     def target_action(self, action: torch.Tensor) -> torch.Tensor:
         """The action that sets this tick's target: `action` itself, or with `action_rate` the previous
-        one plus its step."""
-        if self.action_step is None:
-            return action
-        return (self.last_action + self.action_step * action).clamp(-1.0, 1.0)
+        one moved by its step."""
+        return action if self.action_steps is None else self.action_steps.target(self.last_action, action)
 
     @property
     def push_body(self) -> int:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from q2real.configs.loader import ConfigError
+
+if TYPE_CHECKING:
+    from q2real.sim.action_steps import ActionSteps
 
 
 @dataclass
@@ -59,9 +62,9 @@ class VecEnv(ABC):
     action_offset: torch.Tensor
     """The command an action in [-1, 1] stands for is `action_offset + action_scale * action`, in the
     robot's units (N m, N or rad per joint for q2real tasks); policy bundles bake this in."""
-    action_step: torch.Tensor | None = None
-    """Per joint, how far an action of 1 moves the target from the previous action in one tick (the
-    task's `action_rate`); None: an action is the target itself."""
+    action_steps: ActionSteps | None = None
+    """How an action moves the target from the previous action (the task's `action_rate`); None: an
+    action is the target itself."""
     control_period: float | None
     """Seconds between actions, where the env knows it."""
     has_cost: bool = False

@@ -37,15 +37,18 @@ def test_a_step_is_the_rate_window_times_the_fraction_over_the_action_scale() ->
     spec = env.spec
     window = spec.array("velocity_limit") * spec.control_period
     expected = 0.8 * window / env.action_scale.double().numpy()
-    np.testing.assert_allclose(env.action_step.double().numpy(), expected, rtol=1e-6)
-    assert env.action_step.max() < 0.1, "the Panda's window is a few hundredths of its action range"
+    steps = env.action_steps
+    assert steps is not None
+    np.testing.assert_allclose(steps.size.double().numpy(), expected, rtol=1e-6)
+    assert steps.size.max() < 0.1, "the Panda's window is a few hundredths of its action range"
     env.close()
 
 
 def test_the_target_action_integrates_the_steps_from_zero_and_clips_to_the_action_range() -> None:
     env = make(panda())
     env.reset(seed=0)
-    step = env.action_step
+    steps = env.action_steps
+    assert steps is not None
     gen = torch.Generator().manual_seed(0)
     expected = torch.zeros(env.num_envs, env.action_dim)
     last = env.term_columns("last_action")
@@ -54,34 +57,40 @@ def test_the_target_action_integrates_the_steps_from_zero_and_clips_to_the_actio
         action = 2 * torch.rand(env.num_envs, env.action_dim, generator=gen) - 1
         action[:, 0] = 1.7
         result = env.step(action)
-        expected = (expected + step * action.clamp(-1, 1)).clamp(-1, 1)
+        expected = torch.minimum(torch.maximum(expected + steps.size * action.clamp(-1, 1), steps.low), steps.high)
         expected = torch.where(result.done[:, None], 0.0, expected)
         torch.testing.assert_close(env.task.last_action, expected, rtol=0, atol=1e-6)
         assert last is not None
         torch.testing.assert_close(result.obs[:, last], expected, rtol=0, atol=1e-6)
-    assert float(expected[:, 0].min()) == 1.0, "the pushed joint reached the edge and stayed there"
+    assert (expected[:, 0] == steps.high[0]).all(), "the pushed joint reached the edge and stayed there"
     env.close()
 
 
-def test_the_shields_rate_limit_rarely_cuts_a_step_and_cuts_most_random_targets() -> None:
-    """The rate window is referenced to the shield's previous command; a step, to the policy's previous
-    action (all the node knows of it). They part only where another rule (effort, position) moved the
-    command, so random steps are cut on a few ticks in a hundred, random targets on nearly all."""
+@pytest.mark.parametrize("task", ["panda_push", "gr1_stand"])
+def test_steps_that_drift_stop_at_the_soft_window_and_are_rate_cut_less_than_targets(task: str) -> None:
+    """Random actions that drift one way: as targets, the shield cuts nearly all of them by the rate
+    limit and many by the soft position limit; as steps, the position rule never fires (the steps stop
+    at its window), and the rate rule only where the effort rule moved the command the tick before: the
+    step is added to the policy's previous action, which then runs ahead of the command sent (GR1's legs
+    under gravity: often)."""
 
-    def rate_limited(params: dict) -> float:
-        env = make(panda(16, **params))
+    def cut(params: dict) -> tuple[float, float]:
+        env = make(dataclasses.replace(panda(16, **params), task=task))
         env.reset(seed=0)
         gen = torch.Generator().manual_seed(1)
-        fired = 0
+        rate = position = 0
         for _ in range(100):
-            action = 2 * torch.rand(env.num_envs, env.action_dim, generator=gen) - 1
+            action = 2 * torch.rand(env.num_envs, env.action_dim, generator=gen) - 0.5
             rules = env.step(action).info["shield_rules"]
-            fired += int(rules[:, RULES.index("RATE_LIMIT")].sum())
+            rate += int(rules[:, RULES.index("RATE_LIMIT")].sum())
+            position += int(rules[:, RULES.index("POSITION_LIMIT")].sum())
         env.close()
-        return fired / (100 * 16)
+        return rate / (100 * 16), position / (100 * 16)
 
-    assert rate_limited(STEPS) < 0.05
-    assert rate_limited({"observe_last_action": True}) > 0.9
+    rate, position = cut(STEPS)
+    target_rate, target_position = cut({"observe_last_action": True})
+    assert position == 0.0 and target_position > 0.3
+    assert rate < 0.7 * target_rate and target_rate > 0.9
 
 
 @pytest.mark.parametrize(
@@ -137,10 +146,12 @@ def test_the_bundle_adds_the_step_to_its_last_action_as_the_env_did_in_training(
         agent.actor.head.bias.uniform_(-3, 3)  # pyright: ignore[reportAttributeAccessIssue]
     bundle = PolicyBundle(write_bundle(config, stepped, agent, 0, tmp_path / "policy.onnx"))
     action_meta = bundle.info.metadata["action"]
-    np.testing.assert_allclose(action_meta["step"], stepped.action_step.double().numpy(), rtol=1e-6)
+    assert stepped.action_steps is not None
+    np.testing.assert_allclose(action_meta["step"], stepped.action_steps.size.double().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(action_meta["step_range"][1], stepped.action_steps.high.double().numpy(), rtol=1e-6)
     assert "last_action + step" in action_meta["output"]
     targets = make(target_actions(config.env))
-    assert targets.action_step is None
+    assert targets.action_steps is None
     policy = deterministic_policy(agent, stepped)
     a, b = stepped.reset(seed=5), targets.reset(seed=5)
     moved = 0.0
