@@ -207,12 +207,12 @@ def run(
     config = load(TrainConfig, preset, [f"env.seed={seed}", *overrides])
     skill = SKILLS_BY_TASK[task]
     env = eval_env(config, episodes)
-    run_dir: list[str] = []
+    trainer: Trainer | None = None  # set before the first point is judged
 
     def result(complete: bool) -> dict:
         last = curve.points[-1]
         return {
-            "run_dir": run_dir[0] if run_dir else None,
+            "run_dir": str(trainer.run_dir.path) if trainer is not None else None,
             "preset": preset,
             "overrides": overrides,
             "complete": complete,
@@ -227,7 +227,6 @@ def run(
     curve = SkillCurve(skill, env, every, minutes * 60, lambda: save(result(False)))
     try:
         trainer = Trainer(config, [curve])
-        run_dir.append(str(trainer.run_dir.path))
         trainer.run()
     finally:
         env.close()

@@ -129,7 +129,12 @@ def _check_steps(meta: dict, act_dim: int, source: str) -> None:
     bounds = _get(meta, "action.step_range", list, source)
     if len(bounds) != 2:
         raise BundleError(f"{source}: metadata.action.step_range: expected [low, high], got {brief(bounds)}")
-    low, high = (_numbers({"r": side}, "r", act_dim, f"{source}: action.step_range") for side in bounds)
+    for k, side in enumerate(bounds):
+        if not isinstance(side, list) or len(side) != act_dim or not all(map(_finite, side)):
+            raise BundleError(
+                f"{source}: metadata.action.step_range[{k}]: expected {act_dim} finite numbers, got {brief(side)}"
+            )
+    low, high = bounds
     if not all(-1 <= lo <= hi <= 1 for lo, hi in zip(low, high, strict=True)):
         raise BundleError(
             f"{source}: metadata.action.step_range: expected -1 <= low <= high <= 1 per joint, got {brief(bounds)}"

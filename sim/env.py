@@ -148,14 +148,12 @@ class TaskEnv(VecEnv):
         """Sensor noise and bias on every column but the previous action's, which the node knows exactly
         (a step policy adds its step to it: noise there would random-walk its target)."""
         dr = self.config.randomization
-        noise = torch.zeros((), device=self.device)
+        noise = self._obs_bias  # zeros without obs_bias
         if dr.obs_noise_std > 0:
-            noise = dr.obs_noise_std * torch.randn(obs.shape, generator=self._gen, device=self.device)
-        if dr.obs_bias > 0:
-            noise = noise + self._obs_bias
-        if noise.dim() == 0:
+            noise = noise + dr.obs_noise_std * torch.randn(obs.shape, generator=self._gen, device=self.device)
+        elif dr.obs_bias == 0:
             return obs
-        return obs + noise * self._sensed if self._sensed is not None else obs + noise
+        return obs + (noise if self._sensed is None else noise * self._sensed)
 
     def _push(self) -> torch.Tensor:
         """Body wrenches for this tick: a horizontal shove of random heading and size on the envs due one."""

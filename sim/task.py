@@ -44,9 +44,9 @@ class TaskConfig:
     """Actions as steps, for position-controlled robots: the target moves from the previous one by
     `action * action_rate` of the shield's rate window (velocity limit x control period), kept inside
     the shield's soft position window (`q2real.sim.action_steps`), so a policy never asks for a target
-    the rate or soft-limit rule would cut. None: an action is the
-    target itself, and a policy must learn to keep its output within one rate window of the last (on
-    the Panda 0.044 of the action range per tick; the shield cut 99 % of its targets from scratch).
+    the rate or soft-limit rule would cut. None: an action is the target itself, and a policy must
+    learn to keep its output within one rate window of the last (on the Panda 0.044 of the action
+    range per tick; the shield cut 99 % of its targets from scratch).
     Needs `observe_last_action`: the step is added to the previous action the policy sees, and the
     exported bundle adds it the same way, so the node, shield and gate receive targets as before."""
     critic_terms: bool = False
