@@ -17,6 +17,10 @@ from q2real.sim.shield_clamps import ShieldClamps
 from q2real.sim.task import Task
 from q2real.sim.vec_env import StepResult, VecEnv
 
+EXACT_SOURCES = frozenset({"command", "velocity_command", "last_action"})
+"""Observation sources that reach the node as numbers (an operator's command, its own last output), not
+from a sensor: sensor noise and bias never touch them."""
+
 
 def make_backend(name: str, model, num_envs: int, substeps: int, device: torch.device, model_fields) -> PhysicsBackend:
     if name == "mujoco":
@@ -118,14 +122,16 @@ class TaskEnv(VecEnv):
         """Terms after the policy's observation that only the critics see (`TaskConfig.critic_terms`)."""
         self.critic_dim = sum(t.shape[-1] for t in critic.values())
         self.obs_dim = sum(self.obs_dims) + self.critic_dim
-        exact = self.term_columns("last_action")
-        self._sensed: torch.Tensor | None = None
-        """1 on the policy's columns that sensors give, 0 on the previous action's (None: all are sensed)."""
-        if exact is not None:
-            self._sensed = torch.ones(sum(self.obs_dims), device=self.device)
-            self._sensed[exact] = 0.0
         sources = self.task.observed_sources()
         self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
+        exact = [self.term_columns(name) for name, kind in self._source_kinds().items() if kind in EXACT_SOURCES]
+        self._sensed: torch.Tensor | None = None
+        """1 on the policy's columns that sensors give, 0 on those the node knows exactly (None: all are
+        sensed)."""
+        if exact:
+            self._sensed = torch.ones(sum(self.obs_dims), device=self.device)
+            for columns in exact:
+                self._sensed[columns] = 0.0
 
     def _initial(self, mask: torch.Tensor):
         mask = mask.to(self.device)
@@ -144,9 +150,17 @@ class TaskEnv(VecEnv):
             return obs
         return torch.cat([obs, *self.task.critic_terms(physics).values()], dim=-1)
 
+    def _source_kinds(self) -> dict[str, str]:
+        """Each observation term's source kind on a robot (a task without sources: only the previous
+        action's is known)."""
+        if self.obs_sources is None:
+            return {name: name for name in self.obs_names if name == "last_action"}
+        return {name: source["kind"] for name, source in zip(self.obs_names, self.obs_sources, strict=True)}
+
     def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
-        """Sensor noise and bias on every column but the previous action's, which the node knows exactly
-        (a step policy adds its step to it: noise there would random-walk its target)."""
+        """Sensor noise and bias on every column that a sensor gives; none on the command and the previous
+        action, which reach the node as numbers (a step policy adds its step to its previous action: noise
+        there would random-walk its target)."""
         dr = self.config.randomization
         noise = self._obs_bias  # zeros without obs_bias
         if dr.obs_noise_std > 0:

@@ -181,15 +181,34 @@ def test_a_bundle_step_outside_its_range_is_refused() -> None:
         validate_metadata(meta, "b.onnx")
 
 
-def test_sensor_noise_leaves_the_previous_action_exact_as_the_node_knows_it() -> None:
+def test_sensor_noise_leaves_the_previous_action_and_the_command_exact_as_the_node_knows_them() -> None:
     noisy = dataclasses.replace(panda(), randomization=RandomizationConfig(obs_noise_std=0.05, obs_bias=0.02))
     env = make(noisy)
     env.reset(seed=0)
-    last = env.term_columns("last_action")
-    assert last is not None
+    last, target = env.term_columns("last_action"), env.term_columns("target")
+    assert last is not None and target is not None
     for _ in range(5):
         result = env.step(torch.full((env.num_envs, env.action_dim), 0.5))
         torch.testing.assert_close(result.obs[:, last], env.task.last_action, rtol=0, atol=0)
-    sensed = result.obs[:, : last.start] - env.task.observe(env.physics)[:, : last.start]
+        torch.testing.assert_close(result.obs[:, target], env.task.command, rtol=0, atol=0)
+    sensed = result.obs[:, : target.start] - env.task.observe(env.physics)[:, : target.start]
     assert float(sensed.abs().mean()) > 0.01, "the sensor columns still carry noise"
+    env.close()
+
+
+def test_sensor_noise_leaves_a_joystick_command_exact() -> None:
+    config = EnvConfig(
+        task="spot_joystick",
+        num_envs=2,
+        device="cpu",
+        backend="mujoco",
+        seed=1,
+        randomization=RandomizationConfig(obs_noise_std=0.05),
+    )
+    env = make(config)
+    obs = env.reset(seed=0)
+    command = env.term_columns("command")
+    assert command is not None
+    torch.testing.assert_close(obs[:, command], env.task.command, rtol=0, atol=0)
+    assert float((obs - env.task.observe(env.physics)).abs().max()) > 0.01, "the sensor columns still carry noise"
     env.close()
