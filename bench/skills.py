@@ -1,9 +1,11 @@
 """Skills within a CPU hour: does the policy q2real trains do the job, judged on physics, not return.
 
 One training run per `--task`, `--recipe` and `--seed` (each invocation; results merged into one
-file, so the seeds of one task can run in separate sittings), from the task's skill preset with the
-recipe's config overrides (the recipe names them: `--recipe critic_terms
-env.task_params.critic_terms=true`; the preset alone is recipe `preset`), stopped after
+file, so the seeds of one task can run in separate sittings), from the task's skill preset (or
+`--preset`) with the recipe's config overrides (the recipe names them: `--recipe critic_terms
+env.task_params.critic_terms=true`; the preset alone is recipe `preset`). A preset with a `residual:`
+section (a base policy, demonstrations in every batch: `residual_panda_push`) runs on the residual
+trainer. A run stops after
 `--minutes` of wall-clock (training, evaluation and all) or at the preset's `total_steps`. Every
 `--eval-every` env steps the deterministic policy is judged on `--episodes` seeded episodes of the
 training env's randomization (the same seeds at every point):
@@ -42,10 +44,12 @@ import torch
 
 from q2real.agents.callbacks import Callback, Every, StopTraining, deterministic_policy, evaluate_episodes
 from q2real.agents.config import TrainConfig
-from q2real.agents.export import export_run
+from q2real.agents.jobs import job_kind
 from q2real.agents.train import Trainer
 from q2real.configs.loader import load
+from q2real.gate.evaluation import export_for_run
 from q2real.hardware import robot_spec
+from q2real.residual.train import ResidualTrainConfig, ResidualTrainer
 from q2real.sim import VecEnv, make
 from q2real.sim.registry import describe
 from q2real.sim.shield_clamps import RULES
@@ -204,7 +208,11 @@ def run(
     run's figures so far go to `save` at every point (`complete` false until it ends), so a run cut
     short keeps its curve."""
     preset = preset or PRESETS[task]
-    config = load(TrainConfig, preset, [f"env.seed={seed}", *overrides])
+    overrides_ = [f"env.seed={seed}", *overrides]
+    # A preset or recipe with a `residual:` section (a base policy, demonstrations in the batches) runs
+    # on the residual trainer, the shared loop with its pieces swapped.
+    residual = job_kind(preset, overrides_) == "residual"
+    config = load(ResidualTrainConfig if residual else TrainConfig, preset, overrides_)
     skill = SKILLS_BY_TASK[task]
     env = eval_env(config, episodes)
     trainer: Trainer | None = None  # set before the first point is judged
@@ -226,7 +234,9 @@ def run(
 
     curve = SkillCurve(skill, env, every, minutes * 60, lambda: save(result(False)))
     try:
-        trainer = Trainer(config, [curve])
+        trainer = (
+            ResidualTrainer(config, [curve]) if isinstance(config, ResidualTrainConfig) else Trainer(config, [curve])
+        )
         trainer.run()
     finally:
         env.close()
@@ -240,7 +250,7 @@ def keep(run_dir: str | Path, name: str, checkpoint: bool = True) -> Path:
     shutil.rmtree(kept, ignore_errors=True)
     skipped = ["events.*", "*.tmp", *([] if checkpoint else ["checkpoint*"])]
     shutil.copytree(run_dir, kept, ignore=shutil.ignore_patterns(*skipped))
-    export_run(run_dir, kept / "policy.onnx")
+    export_for_run(run_dir, kept / "policy.onnx")
     bundle = SKILLS / f"{name}.onnx"
     shutil.copy2(kept / "policy.onnx", bundle)
     shutil.copy2(kept / "policy.onnx.json", bundle.with_name(bundle.name + ".json"))
@@ -323,8 +333,10 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of the run")
     parser.add_argument("--eval-every", type=int, default=50_000, help="env steps between skill points")
     parser.add_argument("--episodes", type=int, help="evaluation episodes per point (default: 32, 64 for panda_push)")
-    parser.add_argument("overrides", nargs="*", help="config overrides on top of the task's preset")
+    parser.add_argument("--preset", help="the preset the overrides apply to (default: the task's skill preset)")
+    parser.add_argument("overrides", nargs="*", help="config overrides on top of the preset")
     args = parser.parse_args()
+    preset = args.preset or PRESETS[args.task]
 
     path = RESULTS / "skills.json"
     # Where the run's files go is not part of the recipe.
@@ -333,9 +345,14 @@ def main() -> None:
     def merged_recipes() -> dict[str, dict]:
         tasks = json.loads(path.read_text())["tasks"] if path.is_file() else {}
         recipes = tasks.get(args.task, {}).get("recipes", {})
-        if args.recipe in recipes and recipes[args.recipe]["overrides"] != overrides:
+        if args.recipe in recipes and (
+            recipes[args.recipe]["overrides"] != overrides
+            or recipes[args.recipe].get("preset", PRESETS[args.task]) != preset
+        ):
+            ran = recipes[args.recipe]
             parser.error(
-                f"--recipe {args.recipe}: ran with overrides {recipes[args.recipe]['overrides']}; name this anew"
+                f"--recipe {args.recipe}: ran with preset {ran.get('preset', PRESETS[args.task])} and overrides "
+                f"{ran['overrides']}; name this anew"
             )
         return tasks
 
@@ -347,7 +364,7 @@ def main() -> None:
     def save(result: dict) -> dict[str, dict]:
         tasks = merged_recipes()
         recipes = tasks.setdefault(args.task, {"recipes": {}})["recipes"]
-        recipe = recipes.setdefault(args.recipe, {"overrides": overrides, "seeds": {}})
+        recipe = recipes.setdefault(args.recipe, {"preset": preset, "overrides": overrides, "seeds": {}})
         recipe["seeds"][str(args.seed)] = result
         best = best_run(args.task, recipes)
         tasks[args.task]["best_run"] = {"recipe": best[0], "seed": int(best[1])}
@@ -358,7 +375,7 @@ def main() -> None:
         plot(tasks, RESULTS / "skills.png")
         return tasks
 
-    tasks = save(run(args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides, save))
+    tasks = save(run(args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides, save, preset))
     figures = headline(tasks)
     print(f"\n{'task':<15} {'recipe':<16} {'seed':>4} {'env steps':>10} {'updates':>9} {'minutes':>8}  final")
     for task, data in sorted(tasks.items()):

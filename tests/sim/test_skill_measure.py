@@ -101,3 +101,32 @@ def test_a_run_saves_its_curve_at_every_point_so_one_cut_short_keeps_it(tmp_path
     assert not any(r["complete"] for r in saved) and result["complete"]
     assert [p["env_steps"] for p in result["curve"]] == [64, 128, 192]
     assert result["run_dir"] == saved[0]["run_dir"] and Path(result["run_dir"]).is_dir()
+
+
+@pytest.mark.slow  # trains for 128 env steps
+def test_a_preset_with_demonstrations_runs_on_the_residual_trainer_and_its_bundle_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from q2real.residual.dataset import write_lerobot
+    from q2real.residual.experts import make_expert
+    from q2real.residual.record import record
+    from q2real.sim import EnvConfig, make
+
+    demos_env = EnvConfig(task="panda_push", num_envs=4, task_params={"sparse": True, "episode_length": 16})
+    env = make(demos_env)
+    expert = make_expert("panda_push", env)
+    demos = write_lerobot(record(env, expert, 4, demos_env, "expert", expert.reset).demos, tmp_path / "demos")
+    env.close()
+    bench = skills_bench()
+    tiny = ["env.task_params.episode_length=16", "total_steps=128", "warmup_steps=32", "sac.batch_size=32"]
+    tiny += ["sac.actor_hidden=[32]", "sac.critic_hidden=[32]", "checkpoint_every=0", "eval_every=0"]
+    overrides = [*tiny, f"residual.demos={demos}", "residual.successful_only=false", f"log.root={tmp_path}"]
+    result = bench.run("panda_push", 0, 10.0, 64, 2, overrides, lambda _: None, preset="residual_panda_push")
+    assert result["complete"] and [p["env_steps"] for p in result["curve"]] == [64, 128]
+    from q2real.residual.train import ResidualTrainConfig
+
+    ran = load(ResidualTrainConfig, str(Path(result["run_dir"]) / "config.yaml"))
+    assert ran.residual.demos == str(demos) and ran.residual.critic_warmup == 1000, "the residual preset's own"
+    monkeypatch.setattr(bench, "SKILLS", tmp_path / "skills")
+    bundle = bench.keep(result["run_dir"], "panda_push")
+    assert bundle.is_file() and bundle.with_name(bundle.name + ".json").is_file()
