@@ -208,11 +208,12 @@ def run(
     run's figures so far go to `save` at every point (`complete` false until it ends), so a run cut
     short keeps its curve."""
     preset = preset or PRESETS[task]
-    overrides_ = [f"env.seed={seed}", *overrides]
+    seeded = [f"env.seed={seed}", *overrides]
     # A preset or recipe with a `residual:` section (a base policy, demonstrations in the batches) runs
     # on the residual trainer, the shared loop with its pieces swapped.
-    residual = job_kind(preset, overrides_) == "residual"
-    config = load(ResidualTrainConfig if residual else TrainConfig, preset, overrides_)
+    residual = job_kind(preset, seeded) == "residual"
+    config_class, trainer_class = (ResidualTrainConfig, ResidualTrainer) if residual else (TrainConfig, Trainer)
+    config = load(config_class, preset, seeded)
     skill = SKILLS_BY_TASK[task]
     env = eval_env(config, episodes)
     trainer: Trainer | None = None  # set before the first point is judged
@@ -234,9 +235,7 @@ def run(
 
     curve = SkillCurve(skill, env, every, minutes * 60, lambda: save(result(False)))
     try:
-        trainer = (
-            ResidualTrainer(config, [curve]) if isinstance(config, ResidualTrainConfig) else Trainer(config, [curve])
-        )
+        trainer = trainer_class(config, [curve])
         trainer.run()
     finally:
         env.close()
@@ -345,11 +344,8 @@ def main() -> None:
     def merged_recipes() -> dict[str, dict]:
         tasks = json.loads(path.read_text())["tasks"] if path.is_file() else {}
         recipes = tasks.get(args.task, {}).get("recipes", {})
-        if args.recipe in recipes and (
-            recipes[args.recipe]["overrides"] != overrides
-            or recipes[args.recipe].get("preset", PRESETS[args.task]) != preset
-        ):
-            ran = recipes[args.recipe]
+        ran = recipes.get(args.recipe)
+        if ran is not None and (ran["overrides"], ran.get("preset", PRESETS[args.task])) != (overrides, preset):
             parser.error(
                 f"--recipe {args.recipe}: ran with preset {ran.get('preset', PRESETS[args.task])} and overrides "
                 f"{ran['overrides']}; name this anew"

@@ -124,7 +124,11 @@ class TaskEnv(VecEnv):
         self.obs_dim = sum(self.obs_dims) + self.critic_dim
         sources = self.task.observed_sources()
         self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
-        exact = [self.term_columns(name) for name, kind in self._source_kinds().items() if kind in EXACT_SOURCES]
+        # A task without robot sources names its terms only: of those, the previous action is known exactly.
+        kinds = self.obs_names if self.obs_sources is None else tuple(source["kind"] for source in self.obs_sources)
+        exact = [
+            self.term_columns(name) for name, kind in zip(self.obs_names, kinds, strict=True) if kind in EXACT_SOURCES
+        ]
         self._sensed: torch.Tensor | None = None
         """1 on the policy's columns that sensors give, 0 on those the node knows exactly (None: all are
         sensed)."""
@@ -149,13 +153,6 @@ class TaskEnv(VecEnv):
         if not self.critic_dim:
             return obs
         return torch.cat([obs, *self.task.critic_terms(physics).values()], dim=-1)
-
-    def _source_kinds(self) -> dict[str, str]:
-        """Each observation term's source kind on a robot (a task without sources: only the previous
-        action's is known)."""
-        if self.obs_sources is None:
-            return {name: name for name in self.obs_names if name == "last_action"}
-        return {name: source["kind"] for name, source in zip(self.obs_names, self.obs_sources, strict=True)}
 
     def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
         """Sensor noise and bias on every column that a sensor gives; none on the command and the previous
