@@ -15,6 +15,7 @@ name, exactly as rmw_cyclonedds does with every peer; Fast DDS 2 (Jazzy) peers a
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
@@ -24,7 +25,7 @@ from typing import Any
 
 from cyclonedds.core import DDSException, Listener, Policy, Qos
 from cyclonedds.domain import Domain, DomainParticipant
-from cyclonedds.internal import InvalidSample
+from cyclonedds.internal import DDS, InvalidSample
 from cyclonedds.pub import DataWriter
 from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
@@ -119,6 +120,39 @@ def join(domain: int) -> None:
             )
 
 
+class _Sample(ctypes.Structure):
+    """The binding's sample container (`ddspy_sample_container_t`): serialized CDR and its length."""
+
+    _fields_ = [("usample", ctypes.c_void_p), ("usample_size", ctypes.c_size_t)]
+
+
+_dds_write = DDS._dll_handle.dds_write
+_dds_write.argtypes = [ctypes.c_int32, ctypes.POINTER(_Sample)]
+_dds_write.restype = ctypes.c_int32
+
+
+class Writer(DataWriter):
+    """cyclonedds' DataWriter, writing with Python's GIL released.
+
+    The binding's own write holds the GIL inside `dds_write`, and Cyclone delivers to a reader in the
+    same process on the writing thread, after waiting for that reader's listener to return from any
+    other thread. A listener written in Python needs the GIL to return: two threads writing one topic
+    that a listener of this process reads (a node and a test's publisher, or the node's readers fed
+    by the robot and by a local operator thread) deadlocked the whole process for good. Through ctypes
+    the GIL is free while Cyclone waits; the sertype's serializer hooks are plain C and need no GIL.
+    """
+
+    def write(self, sample, timestamp: int | None = None) -> None:
+        if timestamp is not None or not isinstance(sample, self.data_type):
+            return super().write(sample, timestamp)  # the binding's checks and messages
+        data = sample.serialize(use_version_2=self._use_version_2)
+        data = data.ljust((len(data) + 3) & ~3, b"\0")  # CDR payloads are padded to 4 bytes, as the binding does
+        buffer = ctypes.c_char_p(data)  # borrows the bytes' storage; `data` outlives the call
+        ret = _dds_write(self._ref, ctypes.byref(_Sample(ctypes.cast(buffer, ctypes.c_void_p), len(data))))
+        if ret < 0:
+            raise DDSException(ret, f"Occurred while writing sample in {self!r}")
+
+
 class Endpoints:
     """One participant with typed readers and writers on ROS 2 topic names."""
 
@@ -136,8 +170,8 @@ class Endpoints:
             self._topics[dds_name] = Topic(self.participant, dds_name, kind)
         return self._topics[dds_name]
 
-    def writer(self, name: str, kind: type, qos: Qos = DEFAULT_QOS) -> DataWriter:
-        writer = DataWriter(self.participant, self._topic(name, kind), qos=qos)
+    def writer(self, name: str, kind: type, qos: Qos = DEFAULT_QOS) -> Writer:
+        writer = Writer(self.participant, self._topic(name, kind), qos=qos)
         self._endpoints.append(writer)
         return writer
 

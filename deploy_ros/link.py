@@ -49,6 +49,7 @@ from q2real.configs.loader import ConfigError
 from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, TransitionRing, version_name, write_atomic
 from q2real.deploy_ros import link_pb2 as pb
 from q2real.deploy_ros.finetune import LOG, launch, learner_command
+from q2real.deploy_ros.signals import on_signal
 
 PROTOCOL = 1
 METHOD = "/q2real.link.Learner/Session"
@@ -203,11 +204,11 @@ class Client:
         with self.tls.channel(self.address) as channel:
             responses = _session_stub(channel)(self.requests())
 
-            def stop(*_) -> None:  # the node stopping (SIGTERM): end the session cleanly
+            def stop() -> None:  # the node stopping (SIGTERM): end the session cleanly
                 self._stop.set()
                 responses.cancel()
 
-            previous = signal.signal(signal.SIGTERM, stop)
+            previous = on_signal(signal.SIGTERM, stop)
             try:
                 for message in responses:
                     kind = message.WhichOneof("kind")

@@ -43,6 +43,7 @@ from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
 from q2real.deploy_ros.inputs import STREAMS
 from q2real.deploy_ros.node import PolicyNode, Tick
 from q2real.deploy_ros.settings import NODE_NAME, config_from_parameters
+from q2real.deploy_ros.signals import on_signal
 
 MESSAGES = SimpleNamespace(
     Imu=Imu,
@@ -197,7 +198,7 @@ def main(args=None) -> None:
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        on_signal(sig, stop.set)
     node = RclpyPolicyNode()
     executor = MultiThreadedExecutor()
     executor.add_node(node)

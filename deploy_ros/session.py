@@ -27,6 +27,7 @@ from q2real.deploy_ros.finetune import FineTuning
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.programs import SIM_ROBOT, program
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.signals import on_signal
 from q2real.safety.compiled import COMPILE_SECONDS
 from q2real.safety.flags import Mode
 
@@ -130,7 +131,7 @@ def deploy(
     stopper = Stopper(stop or threading.Event())
     stop = stopper.event
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stopper.set("SIGTERM"))
+        on_signal(signal.SIGTERM, lambda: stopper.set("SIGTERM"))
     if sim:
         use_loopback()
     node = PolicyNode(bundle, config, FineTuning.attach(config.finetune) if config.finetune.enabled else None)

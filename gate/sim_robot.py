@@ -42,6 +42,7 @@ from q2real.deploy_ros.commands import command_values, stamp_now
 from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.programs import SIM_ROBOT
 from q2real.deploy_ros.settings import NODE_NAME, NodeConfig, resolve_topic
+from q2real.deploy_ros.signals import on_signal
 from q2real.gate.sim_settings import PERTURBATIONS, SimRobotConfig, add_perturbation_arguments
 from q2real.hardware.model import actuator_for_joint, load_model
 from q2real.hardware.spec import RobotSpec, robot_spec
@@ -455,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(err))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        on_signal(sig, stop.set)
     streams = ", ".join(
         f"{w.topic.get_name()[2:]} {1 / (every * robot.model.opt.timestep):g} Hz" for every, w, _ in robot.streams
     )
