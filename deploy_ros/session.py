@@ -130,8 +130,6 @@ def deploy(
     load) before the robot does."""
     stopper = Stopper(stop or threading.Event())
     stop = stopper.event
-    if threading.current_thread() is threading.main_thread():
-        on_signal(signal.SIGTERM, lambda: stopper.set("SIGTERM"))
     if sim:
         use_loopback()
     node = PolicyNode(bundle, config, FineTuning.attach(config.finetune) if config.finetune.enabled else None)
@@ -142,6 +140,9 @@ def deploy(
     robot = None
     switch_interval = sys.getswitchinterval()
     applied: list[str] = []
+    previous_sigterm = None
+    if threading.current_thread() is threading.main_thread():
+        previous_sigterm = on_signal(signal.SIGTERM, lambda: stopper.set("SIGTERM"))
     try:
         if tuning is not None:
             tuning.start()  # before the real-time settings, which the learner must not inherit
@@ -161,6 +162,8 @@ def deploy(
         startup = SIM_STARTUP if sim else ROBOT_STARTUP
         _serve(node, config, stopper, duration, status_every, operator_start, startup, tuning)
     finally:
+        if previous_sigterm is not None:  # a later deploy in this process (the gate's episodes) sets its own
+            signal.signal(signal.SIGTERM, previous_sigterm)
         sys.setswitchinterval(switch_interval)
         if tuning is not None:
             tuning.close()

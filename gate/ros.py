@@ -85,12 +85,15 @@ class _Wire:
 
 
 def ros_returns(
-    bundle: str | Path, env_config: EnvConfig, starts: list[tuple[dict[str, float], torch.Tensor]], progress=print
+    bundle: str | Path,
+    env_config: EnvConfig,
+    starts: list[tuple[dict[str, float], torch.Tensor, tuple[float, float, float] | None]],
+    progress=print,
 ) -> tuple[torch.Tensor, float, float]:
-    """Returns of one episode per (initial joint positions, command) in `starts`, run through the ROS 2
-    node on the sim robot; the fraction of the policy's ticks (the node's shield in RUN, over every
-    deployment) on which a shield clamp changed its command, and the mean change per tick
-    (`q2real.safety.shield.Counters`)."""
+    """Returns of one episode per (initial joint positions, command, the tracked object's start or
+    None) in `starts`, run through the ROS 2 node on the sim robot; the fraction of the policy's ticks
+    (the node's shield in RUN, over every deployment) on which a shield clamp changed its command, and
+    the mean change per tick (`q2real.safety.shield.Counters`)."""
     env = make_task(dataclasses.replace(target_actions(env_config), num_envs=1, backend="mujoco", device="cpu"))
     task, model = env.task, env.task.model
     env.close()
@@ -101,9 +104,9 @@ def ros_returns(
     progress(f"  ROS 2 row: node + sim robot in real time, {len(starts)} episodes of {duration:.0f} s and start-up")
     use_loopback()
     returns, interventions, ticks, change = [], 0, 0, 0.0
-    for initial, command in starts:
+    for initial, command, object_at in starts:
         task.command = command.reshape(1, -1).cpu()
-        wire, summary = _deployed(bundle, node_config, task, initial, duration)
+        wire, summary = _deployed(bundle, node_config, task, initial, duration, object_at)
         returns.append(_episode_return(task, model, wire, episode))
         interventions += summary.run_interventions
         ticks += summary.run_ticks
@@ -111,15 +114,18 @@ def ros_returns(
     return torch.tensor(returns), interventions / max(ticks, 1), change / max(ticks, 1)
 
 
-def _deployed(bundle, node_config: NodeConfig, task, initial: dict[str, float], duration: float):
-    """One deployment from `initial` with the episode's command on the wire (the sim robot publishes
-    it, as an operator's panel would): (what the wire saw, the node's summary)."""
+def _deployed(bundle, node_config: NodeConfig, task, initial: dict[str, float], duration: float, object_at=None):
+    """One deployment from `initial` (and the tracked object at `object_at`) with the episode's command
+    on the wire (the sim robot publishes it, as an operator's panel would): (what the wire saw, the
+    node's summary)."""
     endpoints = Endpoints(node="q2real_transfer")
     wire = _Wire(endpoints, node_config)
-    command = ["--command", *(repr(float(v)) for v in task.command[0].tolist())] if task.command_dim else None
+    extra = ["--command", *(repr(float(v)) for v in task.command[0].tolist())] if task.command_dim else []
+    if object_at is not None:
+        extra += ["--object-at", *(repr(float(v)) for v in object_at)]
     try:
         summary = deploy(
-            bundle, node_config, sim=True, duration=duration, status_every=None, sim_initial=initial, sim_extra=command
+            bundle, node_config, sim=True, duration=duration, status_every=None, sim_initial=initial, sim_extra=extra
         )
     finally:
         endpoints.close()

@@ -31,6 +31,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import mujoco
 import numpy as np
@@ -39,7 +40,7 @@ from cyclonedds.pub import DataWriter
 
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_values, stamp_now
-from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
+from q2real.deploy_ros.dds import LATCHED_QOS, SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.programs import SIM_ROBOT
 from q2real.deploy_ros.settings import NODE_NAME, NodeConfig, resolve_topic
 from q2real.deploy_ros.signals import on_signal
@@ -47,6 +48,9 @@ from q2real.gate.sim_settings import PERTURBATIONS, SimRobotConfig, add_perturba
 from q2real.hardware.model import actuator_for_joint, load_model
 from q2real.hardware.spec import RobotSpec, robot_spec
 from q2real.hardware.stance import standing_height
+
+if TYPE_CHECKING:
+    from q2real.sim.task import Task
 
 GROUND_TRUTH_TOPIC = "/ground_truth/odom"
 WORLD_FRAME = "world"
@@ -96,6 +100,13 @@ class SimWorld:
         self.object_body = -1
         if self.tracked is not None:
             self.object_body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, self.tracked)
+        if config.object_position:
+            position = np.asarray(config.object_position, dtype=float)
+            if self.object_body < 0:
+                raise ValueError("object_position: needs a task with a tracked object (--task)")
+            if position.shape != (3,) or not np.isfinite(position).all():
+                raise ValueError(f"object_position: expected 3 finite values x y z (m), got {position.tolist()}")
+            self.place_object(position)
         self.imu = _sensor_rows(model) if spec.imu is not None else None
         rng = np.random.default_rng(config.seed)
         self.rng = rng
@@ -109,6 +120,13 @@ class SimWorld:
         root = model.body_rootid[model.jnt_bodyid[first]]
         joint = model.body_jntadr[root]
         return int(joint) if joint >= 0 and model.jnt_type[joint] == mujoco.mjtJoint.mjJNT_FREE else None
+
+    def place_object(self, position) -> None:
+        """The tracked object at `position` (x, y, z), unrotated and at rest."""
+        joint = int(self.model.body_jntadr[self.object_body])
+        q, v = int(self.model.jnt_qposadr[joint]), int(self.model.jnt_dofadr[joint])
+        self.data.qpos[q : q + 7] = (*position, 1.0, 0.0, 0.0, 0.0)
+        self.data.qvel[v : v + 6] = 0.0
 
     def hold_base(self) -> None:
         """The gantry: the base back at its start pose, at rest."""
@@ -215,10 +233,14 @@ class Commands:
     def __init__(self, world: SimWorld, config: SimRobotConfig):
         self.fixed = list(config.command)
         self.task = None
+        self.episodes: Episodes | None = None
+        """The task's episodes, judged, for a task with a tracked object and a success test."""
         self.velocity = False
         self.episode = math.inf
         if world.task_cls is not None and (config.task_commands or self.fixed):
             import torch  # only a robot that plays a task's commands needs the simulator's task
+
+            from q2real.sim.task import Task
 
             task = world.task_cls(world.spec, world.model, world.task_cls.Config(), torch.device("cpu"))
             sources = task.observation_sources() or {}
@@ -229,6 +251,13 @@ class Commands:
                 # `command_every` steps within one (Spot's joystick, every 5 s).
                 every = task.config.command_every or task.config.episode_length
                 self.episode = every * world.spec.control_period
+                if world.object_body >= 0 and type(task).success is not Task.success:
+                    if config.object_position:
+                        raise ValueError(
+                            "object_position: the task's commands place the object every episode; "
+                            "give a fixed command with it"
+                        )
+                    self.episodes = Episodes(world, task, self._gen)
             if self.fixed and len(self.fixed) != task.command_dim:
                 raise ValueError(f"command: {config.task} takes {task.command_dim} values, got {len(self.fixed)}")
         elif config.task_commands:
@@ -244,12 +273,94 @@ class Commands:
         """The command now: the fixed one, or the task's (a new one each time the task would draw one)."""
         if self.task is not None and sim_time - self._drawn_at >= self.episode:
             self._drawn_at = sim_time
+            if self.episodes is not None:
+                self.episodes.end()
             self.current = [float(v) for v in self.task.sample_command(1, self._gen)[0]]
             print(f"sim robot: task command {[round(v, 3) for v in self.current]} at {sim_time:.1f} s", flush=True)
+            if self.episodes is not None:
+                self.episodes.begin(self.current)
         if self.velocity:
             forward, lateral, yaw = self.current
             return msg.Twist(linear=msg.Vector3(x=forward, y=lateral, z=0.0), angular=msg.Vector3(x=0.0, y=0.0, z=yaw))
         return msg.Float64MultiArray(data=list(self.current))
+
+
+class Episodes:
+    """The task's episodes on the sim robot, for a task with a tracked object and a success test (a
+    push): each new command places the object as training's reset does, where it touches nothing but
+    the floor (as a person would put it down), and the episode that ends is judged as training's
+    evaluation judges one: a success if its state ever met the task's test. An episode counts only if
+    the node ran the policy (mode RUN on its `~/mode`) through all of it: start-up, the ramp, an
+    operator's stop or an e-stop are never scored as a failure."""
+
+    PLACEMENTS = 50
+    """Draws of the object's start before one that touches the robot is taken anyway (and said so)."""
+
+    def __init__(self, world: SimWorld, task: Task, gen):
+        self.world, self.task, self.gen = world, task, gen
+        model = world.model
+        self._object_q = int(model.jnt_qposadr[int(model.body_jntadr[world.object_body])])
+        root = int(model.body_rootid[int(model.jnt_bodyid[world.spec_joint_ids[0]])])
+        self._robot_bodies = {b for b in range(model.nbody) if int(model.body_rootid[b]) == root}
+        self.begun = self.judged = self.succeeded = 0
+        self.running = False
+        """Whether the node runs the policy now (its latest `~/mode` is RUN); set from the DDS thread."""
+        self._live = False
+        self._reached = False
+
+    def step(self) -> None:
+        """Every control step: whether the state meets the task's success test, while the policy runs."""
+        if not self.running:
+            self._live = False
+        if self._live and not self._reached:
+            import torch
+
+            from q2real.sim.physics import PhysicsState
+
+            data = self.world.data
+            arrays = (data.qpos, data.qvel, data.sensordata)
+            physics = PhysicsState(*(torch.from_numpy(a).float()[None] for a in arrays))
+            success = self.task.success(physics)
+            self._reached = bool(success is not None and success[0])
+
+    def end(self) -> None:
+        """Judge the episode that ends (none before the first)."""
+        if self._live:
+            self.judged += 1
+            self.succeeded += self._reached
+            outcome = "succeeded" if self._reached else "failed"
+            print(f"sim robot: episode {self.begun} {outcome} ({self.succeeded} of {self.judged} so far)", flush=True)
+        elif self.begun:
+            print(f"sim robot: episode {self.begun} not judged: the policy did not run through all of it", flush=True)
+        self._live = False
+
+    def begin(self, command: list[float]) -> None:
+        """A new episode under `command`, its object placed anew."""
+        import torch
+
+        self.begun += 1
+        for _ in range(self.PLACEMENTS):
+            qpos, _ = self.task.initial_state(1, self.gen)
+            self.world.place_object(qpos[0, self._object_q : self._object_q + 3].numpy())
+            mujoco.mj_forward(self.world.model, self.world.data)
+            if not self._touches_robot():
+                break
+        else:
+            print(f"sim robot: episode {self.begun}: no start clear of the arm in {self.PLACEMENTS} draws", flush=True)
+        self.task.command = torch.tensor([command], dtype=torch.float32)
+        self._reached, self._live = False, self.running
+
+    def summary(self) -> str:
+        return f"sim robot: {self.succeeded} of {self.judged} judged episodes succeeded ({self.begun} begun)"
+
+    def _touches_robot(self) -> bool:
+        model, data = self.world.model, self.world.data
+        target = self.world.object_body
+        for contact in data.contact[: data.ncon]:
+            bodies = {int(model.geom_bodyid[contact.geom1]), int(model.geom_bodyid[contact.geom2])}
+            if target in bodies and bodies & self._robot_bodies:
+                return True
+        return False
 
 
 class SimRobot:
@@ -296,6 +407,13 @@ class SimRobot:
             writer = self.dds.writer(resolve_topic(name, NODE_NAME), kind)
             self.streams.append((_every(10.0, dt), writer, lambda _stamp: self.commands.message(self.data.time)))
         self.reader = self.dds.reader(topic, command_type, self._on_command)
+        episodes = self.commands.episodes
+        if episodes is not None:  # the node's latched mode: only episodes its policy ran through count
+
+            def on_mode(message: msg.String) -> None:
+                episodes.running = message.data == "RUN"
+
+            self.dds.reader(resolve_topic(topics.mode, NODE_NAME), msg.String, on_mode, LATCHED_QOS)
         self.received = 0
         self.shifted = False
         self._next_reset = config.reset_every
@@ -383,6 +501,8 @@ class SimRobot:
                     writer.write(message(stamp))
             if step % self.substeps == 0:
                 self._perturb(now)
+                if self.commands.episodes is not None:
+                    self.commands.episodes.step()
             self._apply(now)
             mujoco.mj_step2(model, data)
             step += 1
@@ -407,6 +527,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--imu-noise", type=float, default=0.0, help="gyro noise std (rad/s), orientation tilt (rad)")
     parser.add_argument("--imu-bias", type=float, default=0.0, help="bound of a constant gyro bias (rad/s)")
     parser.add_argument("--object-rate", type=float, default=30.0, help="Hz of /object_pose")
+    parser.add_argument(
+        "--object-at", type=float, nargs=3, default=[], metavar=("X", "Y", "Z"), help="the tracked object's start (m)"
+    )
     parser.add_argument(
         "--gantry", type=float, default=0.0, help="hold a floating base this long after the first command"
     )
@@ -449,6 +572,7 @@ def main(argv: list[str] | None = None) -> None:
         reset_spread=args.reset_spread,
         command=tuple(args.sim_command),
         task_commands=args.task_commands,
+        object_position=tuple(args.object_at),
     )
     try:
         robot = SimRobot(robot_spec(args.robot), config)
@@ -465,6 +589,8 @@ def main(argv: list[str] | None = None) -> None:
         robot.run(stop, args.duration, args.parent_pid)
     finally:
         robot.dds.close()
+        if robot.commands.episodes is not None:
+            print(robot.commands.episodes.summary(), flush=True)
 
 
 def _assignments(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, float]:

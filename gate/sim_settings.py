@@ -52,7 +52,12 @@ class SimRobotConfig:
     task); empty: none, unless `task_commands`."""
     task_commands: bool = False
     """Publish the task's own commands (needs `task`): one drawn from the task's command ranges at the
-    start and again every episode of the task, as training drew them."""
+    start and again every episode of the task, as training drew them. A task with a tracked object and
+    a success test also gets its object placed as training's reset does at every new episode, and each
+    finished episode's outcome on the console (`q2real deploy --sim` pushing cube after cube)."""
+    object_position: tuple[float, ...] = ()
+    """Where the tracked object starts (x, y, z in the world, m); empty: where the task's scene puts it.
+    The transfer gate's ROS 2 row starts each episode's object where its simulated episode started."""
 
 
 PERTURBATIONS = ("shift", "shift_at", "reset_every", "reset_spread")

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import mujoco
 import numpy as np
 import torch
 
@@ -325,12 +326,15 @@ def run_gate(
     if ros:
         from q2real.gate.ros import ros_returns
 
-        env = env_on(trained_backend, env_config.randomization, ros_episodes)
+        # The reference's own episodes: its env (all `episodes` envs, one reset stream), the first few rows.
+        env = env_on(trained_backend, env_config.randomization)
         try:
             env.reset(seed=seed)
             q = env.physics.qpos[:, env.task.qpos_index].double().numpy()
+            objects = object_positions(env)
             starts = [
-                (dict(zip(spec.joint_names, q[i].tolist(), strict=True)), env.task.command[i]) for i in range(len(q))
+                (dict(zip(spec.joint_names, q[i].tolist(), strict=True)), env.task.command[i], objects[i])
+                for i in range(ros_episodes)
             ]
         finally:
             env.close()
@@ -370,6 +374,18 @@ def run_gate(
     (run_dir / "transfer.json").write_text(json.dumps(report, indent=2))
     _plot(report, run_dir / "transfer.png")
     return report
+
+
+def object_positions(env: TaskEnv) -> list[tuple[float, float, float] | None]:
+    """Per env, where its tracked object starts (x, y, z), for the sim robot to start it there too;
+    None for every env of a task without one."""
+    task = env.task
+    if task.tracked_object is None:
+        return [None] * env.num_envs
+    model = task.model
+    body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, task.tracked_object)
+    q = int(model.jnt_qposadr[int(model.body_jntadr[body])])
+    return [tuple(row) for row in env.physics.qpos[:, q : q + 3].double().tolist()]
 
 
 def _interval(row: Row) -> str:

@@ -42,6 +42,8 @@ time.sleep(3.0)
 stop.set()
 for thread in threads:
     thread.join()
+for endpoints in (*participants, listener):
+    endpoints.close()
 print(len(received))
 """
 

@@ -5,6 +5,7 @@ CPU training budgets); the transfer gate measures it."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -62,7 +63,7 @@ class Wire:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("task", ["spot_joystick", "gr1_stand", "panda_push"])
-def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(task, participant, tmp_path, capsys):
+def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(task, participant, tmp_path, capfd):
     bundle = export_fresh_agent(task, tmp_path / f"{task}.onnx")
     endpoints = participant("observer")
     wire = Wire(endpoints)
@@ -76,13 +77,15 @@ def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(tas
     try:
         # The age limit is the pipeline's, not the point here: 0.2 s so a stalled process on a loaded
         # machine does not read as an IMU fault (the test below holds the default limit).
-        args = ["--duration", "4", "autostart=true", "shield.ramp_time=0.2", "inputs.imu_max_age=0.2"]
+        # A push runs two of its 4 s episodes: the second, run by the policy throughout, is judged.
+        duration = "9" if task == "panda_push" else "4"
+        args = ["--duration", duration, "autostart=true", "shield.ramp_time=0.2", "inputs.imu_max_age=0.2"]
         code = main(["deploy", str(bundle), "--sim", *args])
     finally:
         stop.set()
         if publisher is not None:
             publisher.join()
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out  # the node's console and the sim robot's
     assert code == 0 and "stopped (duration) after" in out, out
     assert "RUN" in wire.modes, f"the node never handed over to the policy: {wire.modes[-5:]} ({out[-2000:]})"
     # From the handover to the stop: RUN only, then the stop's reports (the e-stop tick's and the last one).
@@ -99,6 +102,10 @@ def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(tas
     assert wire.counts["/joint_states"] > 150
     if task == "panda_push":
         assert wire.counts["/object_pose"] > 60 and wire.counts["/imu/data"] == 0
+        # The sim robot read the node's RUN on ~/mode and judged the episode the policy ran through.
+        assert re.search(r"episode 2 (succeeded|failed) \([01] of 1 so far\)", out), out[-3000:]
+        summary = re.search(r"sim robot: (\d+) of (\d+) judged episodes succeeded \((\d+) begun\)", out)
+        assert summary and 1 <= int(summary[2]) < int(summary[3]), out[-3000:]
     else:
         assert wire.counts["/imu/data"] > 4 * wire.counts["/joint_states"] - 50, wire.counts  # 200 Hz vs 50 Hz
         assert wire.counts[GROUND_TRUTH_TOPIC] > 150

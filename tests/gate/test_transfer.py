@@ -189,10 +189,11 @@ def test_perturbation_values_are_valid_randomization_configs() -> None:
 
 @pytest.mark.slow  # real time through the node and the sim robot
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("task", ["spot_joystick", "gr1_stand"])
+@pytest.mark.parametrize("task", ["spot_joystick", "gr1_stand", "panda_push"])
 def test_the_ros_row_runs_legged_tasks_through_imu_and_cmd_vel(task: str, tmp_path: Path) -> None:
     """A legged run goes through the node on the sim robot: IMU and (for Spot) cmd_vel on the wire, the
-    reward from the sim robot's ground truth, ending where the task terminates, as the simulated rows do."""
+    reward from the sim robot's ground truth, ending where the task terminates, as the simulated rows do;
+    a push run with the cube's pose from the tracker, the cube starting where its simulated episode's did."""
     from q2real.agents.config import TrainConfig
     from q2real.configs.loader import to_dict
     from tests.deploy_ros.conftest import export_fresh_agent
@@ -216,8 +217,28 @@ def test_the_ros_row_runs_legged_tasks_through_imu_and_cmd_vel(task: str, tmp_pa
     # most one 100-step episode (GR1's lies in [0, 1] per step, Spot's tracking terms at most 1.5).
     if task == "gr1_stand":
         assert 0.0 < ros["mean"] <= 100.0
+    elif task == "panda_push":  # the dense reward lies in [0, 1] per step, and the cube is far from no target
+        assert 0.0 < ros["mean"] <= 100.0
     else:
         assert ros["mean"] <= 150.0
+
+
+def test_the_ros_row_starts_each_episodes_object_where_its_simulated_episode_did() -> None:
+    from q2real.gate.transfer import object_positions
+    from q2real.sim import EnvConfig
+    from q2real.sim.registry import make_task
+
+    push = make_task(EnvConfig(task="panda_push", num_envs=3, backend="mujoco", device="cpu"))
+    reach = make_task(EnvConfig(task="panda_reach", num_envs=2, backend="mujoco", device="cpu"))
+    try:
+        push.reset(seed=5)
+        cubes = push.task.cube_position(push.physics).double().tolist()  # pyright: ignore[reportAttributeAccessIssue]
+        assert object_positions(push) == [tuple(c) for c in cubes] and len({tuple(c) for c in cubes}) == 3
+        reach.reset(seed=5)
+        assert object_positions(reach) == [None, None]
+    finally:
+        push.close()
+        reach.close()
 
 
 def test_the_ratio_interval_pairs_each_episode_with_its_reference() -> None:
