@@ -97,9 +97,10 @@ class SimWorld:
             data.qpos[q : q + 7] = (0, 0, 0, 1, 0, 0, 0)
             data.qpos[q + 2] = standing_height(model, data.qpos.copy(), q)
             self.base_pose = data.qpos[q : q + 7].copy()
-        self.object_body = -1
+        self.object_body = self.object_joint = -1
         if self.tracked is not None:
             self.object_body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, self.tracked)
+            self.object_joint = int(model.body_jntadr[self.object_body])
         if config.object_position:
             position = np.asarray(config.object_position, dtype=float)
             if self.object_body < 0:
@@ -123,8 +124,7 @@ class SimWorld:
 
     def place_object(self, position) -> None:
         """The tracked object at `position` (x, y, z), unrotated and at rest."""
-        joint = int(self.model.body_jntadr[self.object_body])
-        q, v = int(self.model.jnt_qposadr[joint]), int(self.model.jnt_dofadr[joint])
+        q, v = int(self.model.jnt_qposadr[self.object_joint]), int(self.model.jnt_dofadr[self.object_joint])
         self.data.qpos[q : q + 7] = (*position, 1.0, 0.0, 0.0, 0.0)
         self.data.qvel[v : v + 6] = 0.0
 
@@ -299,7 +299,7 @@ class Episodes:
     def __init__(self, world: SimWorld, task: Task, gen):
         self.world, self.task, self.gen = world, task, gen
         model = world.model
-        self._object_q = int(model.jnt_qposadr[int(model.body_jntadr[world.object_body])])
+        self._object_q = int(model.jnt_qposadr[world.object_joint])
         root = int(model.body_rootid[int(model.jnt_bodyid[world.spec_joint_ids[0]])])
         self._robot_bodies = {b for b in range(model.nbody) if int(model.body_rootid[b]) == root}
         self.begun = self.judged = self.succeeded = 0

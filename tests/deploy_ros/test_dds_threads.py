@@ -48,6 +48,7 @@ print(len(received))
 """
 
 
+@pytest.mark.slow  # a child process writing for 3 s
 def test_two_writer_threads_and_a_python_listener_on_one_topic_never_deadlock(dds_domain: int) -> None:
     try:
         done = subprocess.run([sys.executable, "-c", SCENARIO], capture_output=True, text=True, timeout=60)
