@@ -21,7 +21,10 @@ Headline keys (per task, the recipe whose median over its seeds of each seed's l
 least short of the floors, by the worst figure's ratio to its floor, so that a run tracking better
 while falling far more does not outrank one that stays up; that recipe's medians):
 `spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`, `gr1_stand_rate`,
-`push_success`; per run also `env_steps`, `updates`, `seconds`. The best run's
+`push_success`; per run also `env_steps`, `updates`, `seconds`. A run on a BC base
+(`residual.base=`) first judges the base alone on the same episodes; `push_residual_over_bc` is the
+median over seeds of the residual's last success over its own base's, for the best-ranked recipe that
+has a base. The best run's
 policy is exported as `bench/results/skills/<task>.onnx`, its run directory kept under
 `bench/results/skills/runs/` (networks only). Curves go to bench/results/skills.png (one line per
 recipe and seed); figures to bench/results/skills.json, whose headline is also the last line printed.
@@ -42,13 +45,22 @@ from typing import TypeVar
 
 import torch
 
-from q2real.agents.callbacks import Callback, Every, StopTraining, deterministic_policy, evaluate_episodes
+from q2real.agents.callbacks import (
+    Callback,
+    ChunkExecutor,
+    Every,
+    StopTraining,
+    deterministic_policy,
+    evaluate_episodes,
+)
 from q2real.agents.config import TrainConfig
 from q2real.agents.jobs import job_kind
 from q2real.agents.train import Trainer
 from q2real.configs.loader import load
 from q2real.gate.evaluation import export_for_run
 from q2real.hardware import robot_spec
+from q2real.residual.base_env import BaseActionEnv
+from q2real.residual.bc import load_bc
 from q2real.residual.train import ResidualTrainConfig, ResidualTrainer
 from q2real.sim import VecEnv, make
 from q2real.sim.registry import describe
@@ -75,6 +87,8 @@ class Skill:
     """figure -> the floor it must reach (drawn on its curve)."""
     at_most: frozenset[str] = frozenset()
     """Figures whose floor is an upper bound (errors, fall rates); the others must reach theirs from below."""
+    over_base: dict[str, str] = dataclasses.field(default_factory=dict)
+    """headline key -> the figure a residual run reports as a ratio to its own base's, same episodes."""
     episodes: int = 32
     """Seeded evaluation episodes per point, unless `--episodes` says otherwise."""
 
@@ -145,7 +159,13 @@ SKILLS_BY_TASK = {
         frozenset({"tracking_error_lin", "tracking_error_ang", "fall_rate"}),
     ),
     "gr1_stand": Skill(locomotion, {"gr1_stand_rate": "stand_rate"}, {"stand_rate": 0.95}),
-    "panda_push": Skill(manipulation, {"push_success": "success"}, {"success": 0.6}, episodes=64),
+    "panda_push": Skill(
+        manipulation,
+        {"push_success": "success"},
+        {"success": 0.6},
+        over_base={"push_residual_over_bc": "success"},
+        episodes=64,
+    ),
 }
 
 
@@ -216,6 +236,11 @@ def run(
     config = load(config_class, preset, seeded)
     skill = SKILLS_BY_TASK[task]
     env = eval_env(config, episodes)
+    base: dict[str, float] | None = None
+    if isinstance(config, ResidualTrainConfig) and config.residual.base:
+        # The base alone on the episodes every point of the residual is judged on; then the residual's
+        # policy sees what it trains on, each observation with the base's action appended.
+        base, env = judge_base(skill, config.residual.base, env)
     trainer: Trainer | None = None  # set before the first point is judged
 
     def result(complete: bool) -> dict:
@@ -231,6 +256,7 @@ def run(
             "episodes": episodes,
             "final": {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")},
             "curve": list(curve.points),
+            "base": base,
         }
 
     curve = SkillCurve(skill, env, every, minutes * 60, lambda: save(result(False)))
@@ -240,6 +266,16 @@ def run(
     finally:
         env.close()
     return result(True)
+
+
+def judge_base(skill: Skill, base_dir: str, env: VecEnv) -> tuple[dict[str, float], VecEnv]:
+    """The BC base's figures on `env`'s seeded episodes, and `env` extended with the base's action."""
+    base_config, base, _ = load_bc(base_dir)
+    spec = base_config.spec()
+    act = ChunkExecutor(base, spec, env) if spec.size > 1 else lambda obs: base(obs).clamp(-1.0, 1.0)
+    figures = skill.measure(act, env)
+    print(f"  base {base_dir}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
+    return figures, BaseActionEnv(env, base, base.action_dim * base.chunk)
 
 
 def keep(run_dir: str | Path, name: str, checkpoint: bool = True) -> Path:
@@ -290,6 +326,15 @@ def headline(tasks: dict[str, dict]) -> dict[str, object]:
         for key, figure in skill.headline.items():
             out[key] = median(recipes[recipe]["seeds"], lambda final, figure=figure: final[figure])
         out[f"{task}_recipe"] = recipe
+        # Residual runs against their own bases: the best-ranked recipe among those that have one.
+        over = {name: r for name, r in recipes.items() if all(run.get("base") for run in r["seeds"].values())}
+        if over and skill.over_base:
+            recipe = best({name: median(r["seeds"], skill.shortfall) for name, r in over.items()})
+            for key, figure in skill.over_base.items():
+                out[key] = statistics.median(
+                    run["final"][figure] / max(run["base"][figure], 1e-9) for run in over[recipe]["seeds"].values()
+                )
+            out[f"{task}_residual_recipe"] = recipe
     return out
 
 
@@ -312,11 +357,15 @@ def plot(tasks: dict[str, dict], path: Path) -> None:
     for ax, (task, figure) in zip(axes[0], panels, strict=True):
         for label, run in runs[task]:
             xs = [p["env_steps"] for p in run["curve"]]
-            ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, label=label)
+            (line,) = ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, label=label)
+            if run.get("base"):  # a residual's own base, judged on the same episodes
+                ax.axhline(run["base"][figure], color=line.get_color(), ls=":", lw=1, label=f"{label}: its base")
         ax.set_title(f"{task}: {figure.replace('_', ' ')}")
         ax.axhline(SKILLS_BY_TASK[task].floors[figure], color="k", ls="--", lw=0.8, label="floor")
-        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:.0f}k")
-        ax.set_xlabel("env steps")
+        # Recipes differ 50-fold in env steps (demonstrations against many envs): a log axis shows both.
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1000:g}k")
+        ax.set_xlabel("env steps (log)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -378,6 +427,8 @@ def main() -> None:
         for name, recipe_ in sorted(data["recipes"].items()):
             for seed, run_ in sorted(recipe_["seeds"].items()):
                 shown = ", ".join(f"{k} {v:.3f}" for k, v in run_["final"].items())
+                if run_.get("base"):
+                    shown += "; its base: " + ", ".join(f"{k} {v:.3f}" for k, v in run_["base"].items())
                 shown += "" if run_.get("complete", True) else " (cut short)"
                 print(
                     f"{task:<15} {name:<16} {seed:>4} {run_['env_steps']:>10,} {run_['updates']:>9,} "

@@ -3,6 +3,7 @@ hand, standing still on the default pose (PD holds the stance, the base does not
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -76,6 +77,24 @@ def test_the_headline_is_the_recipe_whose_median_seed_ranks_best_and_the_bundle_
     assert bench.headline({"gr1_stand": {"recipes": stand}}) == {"gr1_stand_rate": 0.9, "gr1_stand_recipe": "b"}
 
 
+def test_a_residual_is_judged_against_its_own_base_and_runs_without_one_do_not_count() -> None:
+    bench = skills_bench()
+
+    def run(success: float, base: float | None) -> dict:
+        return {"final": {"success": success}, "base": None if base is None else {"success": base}}
+
+    recipes = {
+        "rlpd": {"seeds": {"0": run(0.7, None), "1": run(0.6, None)}},  # the best, but has no base
+        "residual": {"seeds": {"0": run(0.3, 0.1), "1": run(0.4, 0.1), "2": run(0.2, 0.25)}},
+        "residual_small": {"seeds": {"0": run(0.1, 0.05)}},  # a higher ratio, a worse run
+    }
+    figures = bench.headline({"panda_push": {"recipes": recipes}})
+    assert figures["push_success"] == pytest.approx(0.65) and figures["panda_push_recipe"] == "rlpd"
+    assert figures["push_residual_over_bc"] == pytest.approx(3.0), "median of 3.0, 4.0 and 0.8"
+    assert figures["panda_push_residual_recipe"] == "residual"
+    assert "push_residual_over_bc" not in bench.headline({"panda_push": {"recipes": {"rlpd": recipes["rlpd"]}}})
+
+
 def test_a_run_that_tracks_better_but_falls_more_does_not_rank_first() -> None:
     bench = skills_bench()
     # Worst ratio to its floor: falls 0.47 / 0.05 = 9.4 against 0.19 / 0.05 = 3.8.
@@ -130,3 +149,17 @@ def test_a_preset_with_demonstrations_runs_on_the_residual_trainer_and_its_bundl
     monkeypatch.setattr(bench, "SKILLS", tmp_path / "skills")
     bundle = bench.keep(result["run_dir"], "panda_push")
     assert bundle.is_file() and bundle.with_name(bundle.name + ".json").is_file()
+    assert result["base"] is None
+
+    # On a BC base: before the actor's first update (the preset's critic warm-up outlasts the run) the
+    # residual is exactly its base, so both score the same on the same seeded episodes.
+    from q2real.agents.common.run_dir import LogConfig
+    from q2real.residual.bc import BCConfig, BCRun
+
+    bc_config = BCConfig(dataset=str(demos), env=demos_env, hidden=(32,), max_epochs=3, successful_only=False)
+    bc = BCRun(dataclasses.replace(bc_config, log=LogConfig(root=str(tmp_path), name="bc", tensorboard=False)))
+    bc.run()
+    on_base = [*overrides, f"residual.base={bc.path}"]
+    result = bench.run("panda_push", 0, 10.0, 128, 8, on_base, lambda _: None, preset="residual_panda_push")
+    assert set(result["base"]) == {"success", "return"}
+    assert result["final"] == pytest.approx(result["base"], abs=1e-4), "the untouched residual is its base"
