@@ -45,14 +45,7 @@ from typing import TypeVar
 
 import torch
 
-from q2real.agents.callbacks import (
-    Callback,
-    ChunkExecutor,
-    Every,
-    StopTraining,
-    deterministic_policy,
-    evaluate_episodes,
-)
+from q2real.agents.callbacks import Callback, Every, StopTraining, deterministic_policy, evaluate_episodes
 from q2real.agents.config import TrainConfig
 from q2real.agents.jobs import job_kind
 from q2real.agents.train import Trainer
@@ -60,7 +53,7 @@ from q2real.configs.loader import load
 from q2real.gate.evaluation import export_for_run
 from q2real.hardware import robot_spec
 from q2real.residual.base_env import BaseActionEnv
-from q2real.residual.bc import load_bc
+from q2real.residual.bc import executed, load_bc
 from q2real.residual.train import ResidualTrainConfig, ResidualTrainer
 from q2real.sim import VecEnv, make
 from q2real.sim.registry import describe
@@ -271,9 +264,7 @@ def run(
 def judge_base(skill: Skill, base_dir: str, env: VecEnv) -> tuple[dict[str, float], VecEnv]:
     """The BC base's figures on `env`'s seeded episodes, and `env` extended with the base's action."""
     base_config, base, _ = load_bc(base_dir)
-    spec = base_config.spec()
-    act = ChunkExecutor(base, spec, env) if spec.size > 1 else lambda obs: base(obs).clamp(-1.0, 1.0)
-    figures = skill.measure(act, env)
+    figures = skill.measure(executed(base, base_config, env), env)
     print(f"  base {base_dir}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
     return figures, BaseActionEnv(env, base, base.action_dim * base.chunk)
 

@@ -81,6 +81,8 @@ class SimWorld:
         self.actuated = np.array([actuator_for_joint(model, j) is not None for j in joints])
         spec_ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in spec.joint_names]
         self.spec_joint_ids = spec_ids
+        self.robot_root = int(model.body_rootid[int(model.jnt_bodyid[spec_ids[0]])])
+        """The robot's root body (its own, not a task object's)."""
         self.actuators = np.array([actuator_for_joint(model, j) for j in spec_ids])
         self.gear = model.actuator_gear[self.actuators, 0]
         self.spec_qpos = [model.jnt_qposadr[j] for j in spec_ids]
@@ -117,9 +119,7 @@ class SimWorld:
     def _floating_base(self) -> int | None:
         """The free joint of the robot's own root body, if it has one (a task object's does not count)."""
         model = self.model
-        first = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, self.spec.joint_names[0])
-        root = model.body_rootid[model.jnt_bodyid[first]]
-        joint = model.body_jntadr[root]
+        joint = model.body_jntadr[self.robot_root]
         return int(joint) if joint >= 0 and model.jnt_type[joint] == mujoco.mjtJoint.mjJNT_FREE else None
 
     def place_object(self, position) -> None:
@@ -300,8 +300,7 @@ class Episodes:
         self.world, self.task, self.gen = world, task, gen
         model = world.model
         self._object_q = int(model.jnt_qposadr[world.object_joint])
-        root = int(model.body_rootid[int(model.jnt_bodyid[world.spec_joint_ids[0]])])
-        self._robot_bodies = {b for b in range(model.nbody) if int(model.body_rootid[b]) == root}
+        self._robot_bodies = {b for b in range(model.nbody) if int(model.body_rootid[b]) == world.robot_root}
         self.begun = self.judged = self.succeeded = 0
         self.running = False
         """Whether the node runs the policy now (its latest `~/mode` is RUN); set from the DDS thread."""

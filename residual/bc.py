@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -250,12 +251,16 @@ class BCRun:
         }
 
 
+def executed(policy: nn.Module, config: BCConfig, env: VecEnv) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`policy` as it acts on `env`, tick by tick: a chunk policy through the robot's chunk queue."""
+    spec = config.spec()
+    return ChunkExecutor(policy, spec, env) if spec.size > 1 else policy
+
+
 @torch.no_grad()
 def evaluate_policy(policy: nn.Module, config: BCConfig, env: VecEnv, seed: int) -> tuple[torch.Tensor, float]:
     """Returns of one episode per env, and the share of them that ever passed the task's success test."""
-    spec = config.spec()
-    act = ChunkExecutor(policy, spec, env) if spec.size > 1 else policy
-    returns, success, _ = evaluate_episodes(act, env, seed)
+    returns, success, _ = evaluate_episodes(executed(policy, config, env), env, seed)
     return returns, float(success.float().mean()) if success is not None else math.nan
 
 
