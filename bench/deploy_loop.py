@@ -16,7 +16,11 @@ single-threaded matrix loop, as a learner beside the node), and the same with th
 settings (`realtime.priority=50`, SCHED_FIFO), where the OS allows them. Prints a table, writes
 bench/results/deploy_loop.json and prints the same JSON as its last line. Headline keys:
 lost_fraction_500hz, lost_fraction_500hz_busy, node_over_echo_p99_500hz, latency_p99_ms_500hz
-(null if lost ticks make it infinite; the loss rate beside it says why). Node rows match each
+(null if lost ticks make it infinite; the loss rate beside it says why), node_over_echo_lost_500hz
+with its exact 95 % interval from the two loss counts (`_interval`: a ratio of a dozen losses to two
+is mostly counting noise), node_minus_echo_p50_ms_500hz. Each lost state is put down to its cause
+(`lost_causes`: the probe sending it late, the node's tick taking it late, ticking on an older
+state, or not ticking at all while it was current). Node rows match each
 state to the command of the tick that consumed it (the node's stamps), so a late answer never passes
 for the next state's; echo rows, without stamps, count the first command after each state.
 """
@@ -36,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from q2real.deploy_ros.dds import use_loopback
-from q2real.deploy_ros.probe import ProbeResult, busy_neighbour, match_ticks, probe
+from q2real.deploy_ros.probe import ProbeResult, busy_neighbour, lost_causes, match_ticks, probe, rate_ratio_interval
 from q2real.deploy_ros.timing import COLUMN, SPANS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -120,6 +124,12 @@ def lost_ratio(node: dict, echo: dict) -> float | None:
     return round(node["lost_fraction"] / echo["lost_fraction"], 2)
 
 
+def lost_ratio_interval(node: dict, echo: dict) -> list[float | None]:
+    """95 % interval of `lost_ratio` from the two loss counts (None: unbounded)."""
+    low, high = rate_ratio_interval(node["lost"], node["states"], echo["lost"], echo["states"])
+    return [round(v, 2) if np.isfinite(v) else None for v in (low, high)]
+
+
 @dataclass
 class Part:
     """One round of one row against one peer: what the probe saw, and for the node its tick stamps and
@@ -174,6 +184,13 @@ def pooled(parts: list[Part]) -> dict:
         np.concatenate([p.result.arrivals for p in parts]),
     )
     row = result.row()
+    causes: dict[str, int] = {}
+    for part in parts:
+        ticks = part.ticks
+        stamps = (None, None) if ticks is None else (ticks[:, COLUMN["arrived"]], ticks[:, COLUMN["began"]])
+        for cause, count in lost_causes(part.result, *stamps).items():
+            causes[cause] = causes.get(cause, 0) + count
+    row["lost_causes"] = causes  # type: ignore[assignment]
     stamped = [p.ticks for p in parts if p.ticks is not None]
     if stamped:
         ticks = np.concatenate(stamped)
@@ -243,6 +260,10 @@ def main() -> None:
     for (rate, load, peer), r in rows.items():
         if peer == "node" and r.get("slowest_1pct_ms"):
             print(f"{rate:>6g} {load:<30} " + "  ".join(f"{k} {v:.3f}" for k, v in r["slowest_1pct_ms"].items()))
+    print("\nwhy states were lost (probe_late: sent late by the probe; the rest, node rows only, sum to the losses):")
+    for (rate, load, peer), r in rows.items():
+        if r.get("lost"):
+            print(f"{rate:>6g} {load:<30} {peer:<5} " + "  ".join(f"{k} {v}" for k, v in r["lost_causes"].items()))
     if args.rows:
         return
     node, echo = rows[(500.0, "quiet", "node")], rows[(500.0, "quiet", "echo")]
@@ -250,6 +271,10 @@ def main() -> None:
     ratio = None
     if node["p99_ms"] is not None and echo["p99_ms"] is not None:
         ratio = round(node["p99_ms"] / echo["p99_ms"], 2)
+    for load in ("quiet", "busy"):
+        low, high = lost_ratio_interval(rows[(500.0, load, "node")], rows[(500.0, load, "echo")])
+        ratio = lost_ratio(rows[(500.0, load, "node")], rows[(500.0, load, "echo")])
+        print(f"500 Hz {load}: node over echo, lost {ratio} (95 % interval {low} to {'inf' if high is None else high})")
     result = {
         "lost_fraction_500hz": node["lost_fraction"],
         "lost_fraction_500hz_busy": busy_node["lost_fraction"],
@@ -262,8 +287,10 @@ def main() -> None:
         "echo_latency_p99_ms_500hz": echo["p99_ms"],
         "node_over_echo_p99_500hz": ratio,
         "node_over_echo_lost_500hz": lost_ratio(node, echo),
+        "node_over_echo_lost_500hz_interval": lost_ratio_interval(node, echo),
         "node_minus_echo_p50_ms_500hz": round(node["answered_p50_ms"] - echo["answered_p50_ms"], 3),
         "node_over_echo_lost_500hz_busy": lost_ratio(busy_node, rows[(500.0, "busy", "echo")]),
+        "node_over_echo_lost_500hz_busy_interval": lost_ratio_interval(busy_node, rows[(500.0, "busy", "echo")]),
         "stage_ms_500hz": node.get("stage_ms"),
         "latency_p99_ms_50hz": rows[(50.0, "quiet", "node")]["p99_ms"],
         "seconds_per_row": args.seconds,

@@ -109,6 +109,70 @@ def match_ticks(
     return latency
 
 
+def lost_causes(
+    result: ProbeResult, arrived: np.ndarray | None = None, began: np.ndarray | None = None
+) -> dict[str, int]:
+    """Why each lost state was lost, so that a loss count says whose it is. For either peer,
+    `probe_late`: the probe itself sent the state over a quarter period behind its own schedule.
+    With the node's tick stamps (`arrived`, `began`, as `match_ticks`), each lost state is one of:
+    `late` (a tick took it; its command came after the window or never), `older` (the node ticked
+    while it was current, but on an older state: it had not arrived when the slot's deadline passed)
+    and `no_tick` (the node did not tick while it was current: a stall, or a schedule off the stream's
+    phase)."""
+    period = 1.0 / result.rate
+    sent = result.sent
+    lost = np.flatnonzero(np.isinf(result.latency))
+    grid = np.arange(sent.size) * period
+    behind = sent - grid - np.median(sent - grid)  # the probe sleeps to a fixed grid; its phase, robustly
+    causes = {"probe_late": int((behind[lost] > 0.25 * period).sum())}
+    if arrived is None or began is None:
+        return causes
+    taken = np.searchsorted(sent, arrived[np.isfinite(arrived)], side="right") - 1
+    consumed = np.isin(lost, taken)
+    current_until = np.append(sent[1:], sent[-1] + period)[lost]
+    ticked = np.searchsorted(began, current_until) > np.searchsorted(began, sent[lost])
+    causes["late"] = int(consumed.sum())
+    causes["older"] = int((~consumed & ticked).sum())
+    causes["no_tick"] = int((~consumed & ~ticked).sum())
+    return causes
+
+
+def rate_ratio_interval(
+    lost: int, states: int, peer_lost: int, peer_states: int, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Exact interval for the ratio of two loss rates from their counts (losses as rare, independent
+    events: given the total, one side's count is binomial; Clopper-Pearson on its share). A ratio of
+    12 losses to 2 is mostly counting noise; this says how much. (0, inf) when neither side lost any."""
+    total = lost + peer_lost
+    if total == 0:
+        return 0.0, math.inf
+    tail = (1 - confidence) / 2
+    log_binomial = [math.lgamma(total + 1) - math.lgamma(i + 1) - math.lgamma(total - i + 1) for i in range(total + 1)]
+
+    def share(at_least: bool) -> float:
+        # The share p at which seeing `lost` (or more / or fewer) of `total` has probability `tail`.
+        low, high = 0.0, 1.0
+        for _ in range(50):  # p stays strictly inside (0, 1)
+            p = (low + high) / 2
+            k = range(lost, total + 1) if at_least else range(0, lost + 1)
+            log_p, log_q = math.log(p), math.log1p(-p)
+            mass = sum(math.exp(log_binomial[i] + i * log_p + (total - i) * log_q) for i in k)
+            if (mass < tail) == at_least:
+                low = p
+            else:
+                high = p
+        return (low + high) / 2
+
+    p_low = share(True) if lost > 0 else 0.0
+    p_high = share(False) if lost < total else 1.0
+    exposure = peer_states / states
+
+    def ratio(p: float) -> float:
+        return math.inf if p >= 1.0 else p / (1 - p) * exposure
+
+    return ratio(p_low), ratio(p_high)
+
+
 def probe(
     rate: float,
     seconds: float,

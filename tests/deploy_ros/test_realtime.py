@@ -401,3 +401,44 @@ def test_tick_stamps_catch_a_node_that_answers_every_state_one_period_late() -> 
     # On time, the probe even receiving a command before the node's write returned.
     on_time = match_ticks(sent, sent + 0.0006, arrived, sent + 0.0005, period)
     assert np.allclose(on_time, 0.0006)
+
+
+def test_each_lost_state_is_put_down_to_its_cause() -> None:
+    from q2real.deploy_ros.probe import ProbeResult, lost_causes
+
+    period = 0.002
+    sent = np.arange(12) * period
+    sent[9] += 0.0008  # the probe sends state 9 late (0.4 of a period)
+    arrived = sent + 0.0002
+    began = arrived + 0.00005
+    keep = np.ones(12, bool)
+    keep[6] = False  # state 6: no tick at all while it is current
+    arrived[2] = sent[1] + 0.0002  # state 2: the tick while it is current takes state 1 again ...
+    arrived[4] = np.nan  # ... 4: the timer's tick without a state (it came after the slot's deadline)
+    latency = np.full(12, 0.0005)
+    latency[[2, 4, 6, 8, 9]] = np.inf  # 8: ticked on, its command late; 9: ticked on, lost too
+    ticks_arrived, ticks_began = arrived[keep], began[keep]
+    causes = lost_causes(ProbeResult(1 / period, sent, latency, sent + latency), ticks_arrived, ticks_began)
+    assert causes == {"probe_late": 1, "late": 2, "older": 2, "no_tick": 1}
+    assert sum(causes.values()) - causes["probe_late"] == 5
+    # The echo has no stamps: only the probe's part is known.
+    assert lost_causes(ProbeResult(1 / period, sent, latency, sent + latency)) == {"probe_late": 1}
+
+
+def test_the_lost_ratio_interval_is_clopper_pearson_on_the_nodes_share_of_the_losses() -> None:
+    from q2real.deploy_ros.probe import rate_ratio_interval
+
+    # 12 of 14 losses the node's: Clopper-Pearson gives its share in [0.5719, 0.9822] (tables).
+    low, high = rate_ratio_interval(12, 10_000, 2, 10_000)
+    assert low == pytest.approx(0.5719 / 0.4281, rel=1e-3) and high == pytest.approx(0.9822 / 0.0178, rel=2e-3)
+    assert rate_ratio_interval(0, 10_000, 4, 10_000) == (0.0, pytest.approx(0.6024 / 0.3976, rel=1e-3))
+    # Swapping the sides inverts the interval; twice the exposure halves the node's rate.
+    low, high = rate_ratio_interval(30, 10_000, 20, 10_000)
+    swapped = rate_ratio_interval(20, 10_000, 30, 10_000)
+    assert swapped == (pytest.approx(1 / high), pytest.approx(1 / low))
+    assert rate_ratio_interval(30, 20_000, 20, 10_000) == (pytest.approx(low / 2), pytest.approx(high / 2))
+    assert rate_ratio_interval(0, 10_000, 0, 10_000) == (0.0, math.inf)
+    assert rate_ratio_interval(4, 10_000, 0, 10_000)[1] == math.inf
+    # Thousands of losses stay finite (no overflow in the binomial terms) and tight around the ratio.
+    low, high = rate_ratio_interval(3000, 20_000, 2500, 20_000)
+    assert 1.1 < low < 1.2 < high < 1.3
