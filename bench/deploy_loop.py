@@ -272,9 +272,10 @@ def main() -> None:
     if node["p99_ms"] is not None and echo["p99_ms"] is not None:
         ratio = round(node["p99_ms"] / echo["p99_ms"], 2)
     for load in ("quiet", "busy"):
-        low, high = lost_ratio_interval(rows[(500.0, load, "node")], rows[(500.0, load, "echo")])
-        ratio = lost_ratio(rows[(500.0, load, "node")], rows[(500.0, load, "echo")])
-        print(f"500 Hz {load}: node over echo, lost {ratio} (95 % interval {low} to {'inf' if high is None else high})")
+        pair = rows[(500.0, load, "node")], rows[(500.0, load, "echo")]
+        low, high = lost_ratio_interval(*pair)
+        shown = "inf" if high is None else high
+        print(f"500 Hz {load}: node over echo, lost {lost_ratio(*pair)} (95 % interval {low} to {shown})")
     result = {
         "lost_fraction_500hz": node["lost_fraction"],
         "lost_fraction_500hz_busy": busy_node["lost_fraction"],
