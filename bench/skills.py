@@ -56,7 +56,7 @@ from q2real.residual.base_env import BaseActionEnv
 from q2real.residual.bc import executed, load_bc
 from q2real.residual.train import ResidualTrainConfig, ResidualTrainer
 from q2real.sim import VecEnv, make
-from q2real.sim.registry import describe
+from q2real.sim.registry import TASKS, describe
 from q2real.sim.shield_clamps import RULES
 from q2real.sim.tasks.floating_base import FloatingBaseTask
 
@@ -201,7 +201,7 @@ def eval_env(config: TrainConfig, episodes: int) -> VecEnv:
     legged tasks (the task's own length for manipulation), stepped by native MuJoCo on the CPU
     whichever backend and device train, so every recipe is judged by the same simulator."""
     params = dict(config.env.task_params)
-    if config.env.task in ("spot_joystick", "gr1_stand"):
+    if issubclass(TASKS.get(config.env.task, object), FloatingBaseTask):
         period = robot_spec(describe(config.env.task).robot).control_period
         params["episode_length"] = round(EPISODE_SECONDS / period)
     return make(config.env, num_envs=episodes, seed=EVAL_SEED, task_params=params, backend="mujoco", device="cpu")

@@ -9,6 +9,13 @@ per joint of the kind the robot spec asks for. The result loads offline, without
 package, on both backends; limits and gains are still written into it by the robot spec.
 
     python -m q2real.hardware.importer panda      # -> hardware/panda/model.xml
+
+A robot can also be derived from one already imported, with some joints welded at their default
+position (`DERIVED`): GR1 with its head and arms rigid, so that a standing policy commands only the
+waist and legs. Its model and spec are both written from the base robot's, so each fact stays
+written once, in the base robot's files.
+
+    python -m q2real.hardware.importer gr1_legs   # -> hardware/gr1_legs/{model.xml,robot.yaml}
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ from pathlib import Path
 
 import mujoco
 import numpy as np
+import yaml
 
-from q2real.hardware.spec import HARDWARE_DIR
+from q2real.hardware.spec import HARDWARE_DIR, SpecError, robot_spec
 
 _MESH = mujoco.mjtGeom.mjGEOM_MESH
 
@@ -77,6 +85,36 @@ SOURCES = {
         sites={"imu": ("base", (0.0, 0.0, 0.0))},
         timestep=0.002,
         armature=0.02,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A robot made from an imported one by welding joints at their default position."""
+
+    base: str
+    welded: tuple[str, ...]
+    summary: str
+    """The first line of the derived spec's header comment."""
+
+
+_ARM_JOINTS = (
+    "shoulder_pitch",
+    "shoulder_roll",
+    "shoulder_yaw",
+    "elbow_pitch",
+    "wrist_yaw",
+    "wrist_roll",
+    "wrist_pitch",
+)
+_GR1_ARMS = tuple(f"{side}_{joint}" for side in ("r", "l") for joint in _ARM_JOINTS)
+DERIVED = {
+    "gr1_legs": Derived(
+        "gr1",
+        ("head_yaw", "head_roll", "head_pitch", *_GR1_ARMS),
+        "Fourier GR1 with its head and arms welded at gr1's default pose: the waist and legs are actuated "
+        "(15 joints).\n# On the robot, the arms are held at that pose by their own controller.",
     ),
 }
 
@@ -160,14 +198,55 @@ def convert(source: Source) -> str:
     return header + spec.to_xml()
 
 
+def derive(name: str, derived: Derived) -> tuple[str, str]:
+    """MJCF and spec YAML text of `derived`: each welded joint's body turned to the joint's default
+    position about its axis, then the joint and its actuator deleted, so the link rides rigidly on its
+    parent exactly where the base robot's default pose puts it. The spec keeps the base robot's
+    entries for the joints that remain."""
+    base = robot_spec(derived.base)
+    defaults = {j.name: j.default_position for j in base.joints}
+    unknown = sorted(set(derived.welded) - set(defaults))
+    if unknown:
+        raise SpecError(f"{base.source}: no joint(s) {unknown} to weld")
+    spec = mujoco.MjSpec.from_file(str(base.model_path))
+    for joint_name in derived.welded:
+        joint = spec.joint(joint_name)
+        if np.any(joint.pos):  # turning the body about its own origin is then not the joint's motion
+            raise SpecError(f"{base.model_path}: joint {joint_name} is not at its body's origin")
+        turn, quat = np.zeros(4), np.zeros(4)
+        mujoco.mju_axisAngle2Quat(turn, np.asarray(joint.axis, dtype=float), defaults[joint_name])
+        mujoco.mju_mulQuat(quat, np.asarray(joint.parent.quat, dtype=float), turn)
+        joint.parent.quat = quat
+        spec.delete(joint)
+    for actuator in [a for a in spec.actuators if a.target in derived.welded]:
+        spec.delete(actuator)
+    spec.compile()
+    welded = ", ".join(derived.welded)
+    model_header = f"<!-- Derived by q2real.hardware.importer from {derived.base}: {welded} welded. -->\n"
+    data = yaml.safe_load(base.source.read_text())
+    data["name"] = name
+    data["joints"] = [j for j in data["joints"] if j["name"] not in derived.welded]
+    spec_header = (
+        f"# {derived.summary}\n# Derived by q2real.hardware.importer from hardware/{derived.base}/robot.yaml: "
+        f"edit that file and run `python -m q2real.hardware.importer {name}`.\n"
+    )
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+    return model_header + spec.to_xml(), spec_header + body
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("robot", choices=sorted(SOURCES))
+    parser.add_argument("robot", choices=sorted([*SOURCES, *DERIVED]))
     parser.add_argument("--out", type=Path, help="model file to write (default hardware/ROBOT/model.xml)")
     args = parser.parse_args(argv)
     out = args.out or HARDWARE_DIR / args.robot / "model.xml"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(convert(SOURCES[args.robot]))
+    if args.robot in DERIVED:
+        model_text, spec_text = derive(args.robot, DERIVED[args.robot])
+        out.write_text(model_text)
+        (out.parent / "robot.yaml").write_text(spec_text)
+    else:
+        out.write_text(convert(SOURCES[args.robot]))
     model = mujoco.MjModel.from_xml_path(str(out))
     print(f"wrote {out}: {model.nbody - 1} bodies, {model.njnt} joints, {model.ngeom} geoms, {model.nu} actuators")
 

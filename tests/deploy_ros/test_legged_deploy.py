@@ -62,7 +62,7 @@ class Wire:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("task", ["spot_joystick", "gr1_stand", "panda_push"])
+@pytest.mark.parametrize("task", ["spot_joystick", "gr1_stand", "gr1_legs_stand", "panda_push"])
 def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(task, participant, tmp_path, capfd):
     bundle = export_fresh_agent(task, tmp_path / f"{task}.onnx")
     endpoints = participant("observer")
@@ -95,7 +95,12 @@ def test_a_bundle_of_every_input_kind_starts_runs_and_stops_on_the_sim_robot(tas
         f"an input fault while every stream was published: {wire.modes}"
     )
     ages = {k.split(".")[1]: float(v) for k, v in wire.running.items() if k.startswith("input_age_ms.")}
-    expected = {"spot_joystick": {"imu", "velocity_command"}, "gr1_stand": {"imu"}, "panda_push": {"object_pose"}}
+    expected = {
+        "spot_joystick": {"imu", "velocity_command"},
+        "gr1_stand": {"imu"},
+        "gr1_legs_stand": {"imu"},
+        "panda_push": {"object_pose"},
+    }
     assert set(ages) == expected[task] and max(ages.values()) < 200, ages  # every stream arrives while running
     commands = np.array(wire.commands)
     assert len(commands) > 100 and np.isfinite(commands).all()

@@ -37,7 +37,7 @@ def _compare(task: str, randomization: RandomizationConfig | None = None) -> flo
 # on the two backends (GR1's box feet differ by ~0.2 rad/s after one step even with zero actions) and
 # float32 contact dynamics diverge chaotically within tens of steps (Spot; the Panda's pusher hitting
 # the cube, 0.5 apart after 200 steps). The transfer gate measures that gap instead.
-CONTACT_RICH = {"spot_joystick", "gr1_stand", "panda_push"}
+CONTACT_RICH = {"spot_joystick", "gr1_stand", "gr1_legs_stand", "panda_push"}
 
 
 # Native-only tasks (RK4 models MJX cannot integrate) have one backend; the sweep tests their refusal.
