@@ -3,9 +3,9 @@
 While states arrive about once a period (`trigger: state`), each tick runs on arrival in the thread
 that delivered the state, so no thread handoff stands between a state and its command, and the
 loop thread only keeps time: it ticks when a period's slot passes without a state (`LATE` after it
-was due), at once on an e-stop, and collects garbage in the gap after each tick. The slots follow
-the state stream's phase (`PHASE_GAIN`), so one delayed state neither costs its own answer nor
-holds back the next. Otherwise (`trigger: timer`, or a robot much faster than the policy) it ticks
+was due, when the next slot opens), at once on an e-stop, and collects garbage in the gap after each
+tick. The slots follow the state stream's phase (`PHASE_GAIN`), so one delayed state neither costs
+its own answer nor holds back the next. Otherwise (`trigger: timer`, or a robot much faster than the policy) it ticks
 on the timer. Either way one lock holds a tick and its publishing, so a tick on arrival and one on
 the timer never overlap and a policy swap lands between two ticks.
 """
@@ -29,11 +29,15 @@ WINDOW = 0.25
 in it is ticked on at once."""
 
 
-LATE = 0.45
+LATE = 1.0 - WINDOW
 """How far past its due time (in periods) a slot waits for its state before the timer ticks without
-one: a state the wire delayed by less is answered when it comes, not held for the next slot."""
+one: until the next slot's window opens, so a slot spans a whole period and a state the wire delayed
+by less is answered when it comes. A stale tick earlier in the slot would only repeat the last state
+and leave the late one waiting for the next window, lost to a robot that expects its answer within
+the period."""
 PHASE_GAIN = 0.25
-"""How much of a state's lateness (or earliness) within half a period moves the next tick's due time."""
+"""How much of a state's lateness (or earliness) moves the next tick's due time; a state that came over
+half a period before its slot opened (the stream's phase is elsewhere, as at the start) moves it all."""
 
 
 class TickLoop:
@@ -122,10 +126,10 @@ class TickLoop:
             if fresh and sample is not None and self.ticks_on_arrival():
                 # Lock onto the state stream's phase, not onto its last state: a state the wire delayed
                 # moves the schedule by a quarter of its delay, so the next state, on time, still finds
-                # its window open instead of waiting for it (a phase more than half a period off, as at
-                # the start, is taken at once).
+                # its window open instead of waiting for it (a state over half a period early, the phase
+                # elsewhere as at the start, is followed at once).
                 error = sample.received - due
-                self.next_at += error if abs(error) > 0.5 * period else PHASE_GAIN * error
+                self.next_at += error if error < -0.5 * period else PHASE_GAIN * error
             if self.next_at + WINDOW * period < time.monotonic():
                 self.next_at = time.monotonic() + period  # overran: skip the lost slots, do not burst
             if arrival:
