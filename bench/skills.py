@@ -62,7 +62,11 @@ from q2real.sim.tasks.floating_base import FloatingBaseTask
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SKILLS = RESULTS / "skills"
-PRESETS = {"spot_joystick": "crossq_spot_joystick", "gr1_stand": "crossq_gr1_stand", "panda_push": "crossq_panda_push"}
+PRESETS = {
+    "spot_joystick": "crossq_spot_joystick",
+    "gr1_stand": "crossq_gr1_legs_stand",
+    "panda_push": "crossq_panda_push",
+}
 EVAL_SEED = 777_000
 RATE_LIMIT = RULES.index("RATE_LIMIT")
 EPISODE_SECONDS = 20.0
