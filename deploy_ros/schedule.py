@@ -5,9 +5,9 @@ that delivered the state, so no thread handoff stands between a state and its co
 loop thread only keeps time: it ticks when a period's slot passes without a state (`LATE` after it
 was due, when the next slot opens), at once on an e-stop, and collects garbage in the gap after each
 tick. The slots follow the state stream's phase (`PHASE_GAIN`), so one delayed state neither costs
-its own answer nor holds back the next. Otherwise (`trigger: timer`, or a robot much faster than the policy) it ticks
-on the timer. Either way one lock holds a tick and its publishing, so a tick on arrival and one on
-the timer never overlap and a policy swap lands between two ticks.
+its own answer nor holds back the next. Otherwise (`trigger: timer`, or a robot much faster than the
+policy) it ticks on the timer. Either way one lock holds a tick and its publishing, so a tick on
+arrival and one on the timer never overlap and a policy swap lands between two ticks.
 """
 
 from __future__ import annotations

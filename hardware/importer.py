@@ -96,7 +96,7 @@ class Derived:
     base: str
     welded: tuple[str, ...]
     summary: str
-    """The first line of the derived spec's header comment."""
+    """What the robot is, opening the derived spec's header comment (may span lines, each after `# `)."""
 
 
 _ARM_JOINTS = (
