@@ -17,7 +17,13 @@ training env's randomization (the same seeds at every point):
   gr1_stand      20 s episodes with the preset's pushes: the share still standing at the end;
   panda_push     the task's episodes: the share that puts the cube on the target.
 
-Headline keys (per task, the recipe whose median over its seeds of each seed's last point falls
+`--keep-best` (part of the recipe) delivers the point that falls least short of the floors instead of
+the last one: its checkpoint is kept as the run's `selected.pt`, and at the end its policy is judged
+again on other seeded episodes and randomized robots (`HELD_OUT_SEED`), because the best of several
+noisy points overstates itself on the episodes it was picked on. A run's figures are its delivered
+policy's: the kept point's held-out ones, or the last point's.
+
+Headline keys (per task, the recipe whose median over its seeds of each seed's delivered figures falls
 least short of the floors, by the worst figure's ratio to its floor, so that a run tracking better
 while falling far more does not outrank one that stays up; that recipe's medians):
 `spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`, `gr1_stand_rate`,
@@ -46,6 +52,7 @@ from typing import TypeVar
 import torch
 
 from q2real.agents.callbacks import Callback, Every, StopTraining, deterministic_policy, evaluate_episodes
+from q2real.agents.common.checkpoint import CHECKPOINT
 from q2real.agents.config import TrainConfig
 from q2real.agents.jobs import job_kind
 from q2real.agents.train import Trainer
@@ -68,6 +75,11 @@ PRESETS = {
     "panda_push": "crossq_panda_push",
 }
 EVAL_SEED = 777_000
+HELD_OUT_SEED = 778_000
+"""Episodes (and randomized robots) a `--keep-best` run's kept policy is judged on: never the ones it
+was picked on, so picking the best of several noisy points does not inflate its figures."""
+SELECTED = "selected.pt"
+"""The checkpoint of the point a `--keep-best` run keeps, beside the run's own `checkpoint.pt`."""
 RATE_LIMIT = RULES.index("RATE_LIMIT")
 EPISODE_SECONDS = 20.0
 K = TypeVar("K")
@@ -75,9 +87,10 @@ K = TypeVar("K")
 
 @dataclasses.dataclass(frozen=True)
 class Skill:
-    """How a task's skill is judged: `measure(policy, env)` -> figures, each headline figure against its floor."""
+    """How a task's skill is judged: `measure(policy, env, seed)` -> figures, each headline figure against
+    its floor."""
 
-    measure: Callable[[Callable[[torch.Tensor], torch.Tensor], VecEnv], dict[str, float]]
+    measure: Callable[[Callable[[torch.Tensor], torch.Tensor], VecEnv, int], dict[str, float]]
     headline: dict[str, str]
     """headline key -> the figure it reports."""
     floors: dict[str, float]
@@ -99,12 +112,12 @@ class Skill:
 
 
 @torch.no_grad()
-def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv) -> dict[str, float]:
+def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int = EVAL_SEED) -> dict[str, float]:
     """Tracking errors over the steps each robot is up, and the share of episodes that end fallen;
     one episode per env, each the env's full length."""
     task = env.task
     assert isinstance(task, FloatingBaseTask)
-    obs = env.reset(seed=EVAL_SEED)
+    obs = env.reset(seed=seed)
     n = env.num_envs
     up = torch.ones(n, dtype=torch.bool)
     fell = torch.zeros(n, dtype=torch.bool)
@@ -138,8 +151,10 @@ def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv) -> d
 
 
 @torch.no_grad()
-def manipulation(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv) -> dict[str, float]:
-    episodes = evaluate_episodes(policy, env, EVAL_SEED)
+def manipulation(
+    policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int = EVAL_SEED
+) -> dict[str, float]:
+    episodes = evaluate_episodes(policy, env, seed)
     assert episodes.success is not None, f"{env.config.task} has no success test"
     return {"success": float(episodes.success.float().mean()), "return": float(episodes.returns.mean())}
 
@@ -167,12 +182,24 @@ SKILLS_BY_TASK = {
 
 
 class SkillCurve(Callback):
-    """Judges the skill every `every` env steps and at the end; stops training after `budget` seconds."""
+    """Judges the skill every `every` env steps and at the end; stops training after `budget` seconds.
+    With `keep_best`, the learner of the point that falls least short of the floors (the later one on a
+    tie) is kept: its weights in memory, its checkpoint as the run's `SELECTED`."""
 
-    def __init__(self, skill: Skill, env: VecEnv, every: int, budget: float, on_point: Callable[[], None]):
-        self.skill, self.env, self.budget, self.on_point = skill, env, budget, on_point
+    def __init__(
+        self,
+        skill: Skill,
+        env: VecEnv,
+        every: int,
+        budget: float,
+        on_point: Callable[[], None],
+        keep_best: bool = False,
+    ):
+        self.skill, self.env, self.budget, self.on_point, self.keep_best = skill, env, budget, on_point, keep_best
         self.every = Every(every, 0)
         self.points: list[dict[str, float]] = []
+        self.kept: dict[str, float] | None = None
+        self.kept_weights: dict[str, torch.Tensor] = {}
         self.start = time.monotonic()
 
     def on_start(self, trainer) -> None:
@@ -187,7 +214,17 @@ class SkillCurve(Callback):
         self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
         shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
         print(f"  skill at {trainer.step:,} env steps, {point['seconds'] / 60:.1f} min: {shown}", flush=True)
+        if self.keep_best and (self.kept is None or self.skill.shortfall(figures) <= self.skill.shortfall(self.kept)):
+            self.keep(trainer, self.points[-1])
         self.on_point()
+
+    def keep(self, trainer, point: dict[str, float]) -> None:
+        self.kept = point
+        self.kept_weights = {k: v.detach().clone() for k, v in trainer.agent.state_dict().items()}
+        checkpoint = trainer.save_checkpoint()
+        tmp = checkpoint.with_name(f".{SELECTED}.tmp")
+        shutil.copyfile(checkpoint, tmp)
+        os.replace(tmp, checkpoint.with_name(SELECTED))  # a stop mid-copy leaves the previous pick whole
 
     def on_iteration(self, trainer) -> None:
         if self.every.due(trainer.step):
@@ -200,7 +237,7 @@ class SkillCurve(Callback):
             self.point(trainer)
 
 
-def eval_env(config: TrainConfig, episodes: int) -> VecEnv:
+def eval_env(config: TrainConfig, episodes: int, seed: int = EVAL_SEED) -> VecEnv:
     """The training env's randomization and task settings, `episodes` envs, 20 s episodes for the
     legged tasks (the task's own length for manipulation), stepped by native MuJoCo on the CPU
     whichever backend and device train, so every recipe is judged by the same simulator."""
@@ -208,7 +245,7 @@ def eval_env(config: TrainConfig, episodes: int) -> VecEnv:
     if issubclass(TASKS.get(config.env.task, object), FloatingBaseTask):
         period = robot_spec(describe(config.env.task).robot).control_period
         params["episode_length"] = round(EPISODE_SECONDS / period)
-    return make(config.env, num_envs=episodes, seed=EVAL_SEED, task_params=params, backend="mujoco", device="cpu")
+    return make(config.env, num_envs=episodes, seed=seed, task_params=params, backend="mujoco", device="cpu")
 
 
 def run(
@@ -220,15 +257,19 @@ def run(
     overrides: list[str],
     save: Callable[[dict], None],
     preset: str | None = None,
+    keep_best: bool = False,
 ) -> dict:
     """Train `preset` (the task's CPU skill preset by default) with `overrides`, judged as it goes; the
     run's figures so far go to `save` at every point (`complete` false until it ends), so a run cut
-    short keeps its curve."""
+    short keeps its curve. With `keep_best` the run delivers its best point's policy, judged at the end
+    on held-out episodes (`kept`), instead of its last."""
     preset = preset or PRESETS[task]
     seeded = [f"env.seed={seed}", *overrides]
     # A preset or recipe with a `residual:` section (a base policy, demonstrations in the batches) runs
     # on the residual trainer, the shared loop with its pieces swapped.
     residual = job_kind(preset, seeded) == "residual"
+    if residual and keep_best:
+        raise ValueError(f"{preset}: --keep-best judges a learner's own policy; a residual's runs on its base")
     config_class, trainer_class = (ResidualTrainConfig, ResidualTrainer) if residual else (TrainConfig, Trainer)
     config = load(config_class, preset, seeded)
     skill = SKILLS_BY_TASK[task]
@@ -239,6 +280,7 @@ def run(
         # policy sees what it trains on, each observation with the base's action appended.
         base, env = judge_base(skill, config.residual.base, env)
     trainer: Trainer | None = None  # set before the first point is judged
+    kept: dict | None = None
 
     def result(complete: bool) -> dict:
         last = curve.points[-1]
@@ -254,15 +296,34 @@ def run(
             "final": {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")},
             "curve": list(curve.points),
             "base": base,
+            **({"kept": kept} if keep_best else {}),
         }
 
-    curve = SkillCurve(skill, env, every, minutes * 60, lambda: save(result(False)))
+    curve = SkillCurve(skill, env, every, minutes * 60, lambda: save(result(False)), keep_best)
     try:
         trainer = trainer_class(config, [curve])
         trainer.run()
     finally:
         env.close()
+    if curve.kept is not None:
+        kept = {k: curve.kept[k] for k in ("env_steps", "updates", "seconds")}
+        kept["figures"] = judge_kept(skill, config, episodes, trainer, curve.kept_weights)
     return result(True)
+
+
+def judge_kept(
+    skill: Skill, config: TrainConfig, episodes: int, trainer: Trainer, weights: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """The kept learner's figures on `HELD_OUT_SEED`'s episodes and randomized robots."""
+    trainer.agent.load_state_dict(weights)
+    env = eval_env(config, episodes, HELD_OUT_SEED)
+    try:
+        policy, device = deterministic_policy(trainer.agent, env), trainer.agent.device
+        figures = skill.measure(lambda obs: policy(obs.to(device)).to(env.device), env, HELD_OUT_SEED)
+    finally:
+        env.close()
+    print("  kept point on held-out episodes: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
+    return figures
 
 
 def judge_base(skill: Skill, base_dir: str, env: VecEnv) -> tuple[dict[str, float], VecEnv]:
@@ -273,14 +334,17 @@ def judge_base(skill: Skill, base_dir: str, env: VecEnv) -> tuple[dict[str, floa
     return figures, BaseActionEnv(env, base, base.action_dim * base.chunk)
 
 
-def keep(run_dir: str | Path, name: str, checkpoint: bool = True) -> Path:
+def keep(run_dir: str | Path, name: str, checkpoint: bool = True, selected: bool = False) -> Path:
     """Keep the run directory (networks only) as `SKILLS/runs/<name>` with its bundle inside, which is
-    all `q2real transfer` needs, and the bundle as `SKILLS/<name>.onnx`; returns the bundle's path."""
+    all `q2real transfer` needs, and the bundle as `SKILLS/<name>.onnx`; returns the bundle's path.
+    `selected`: the run's `SELECTED` checkpoint is the one kept and exported, not its last."""
     kept = SKILLS / "runs" / name
     shutil.rmtree(kept, ignore_errors=True)
-    skipped = ["events.*", "*.tmp", *([] if checkpoint else ["checkpoint*"])]
+    skipped = ["events.*", "*.tmp", SELECTED, *([] if checkpoint and not selected else ["checkpoint*"])]
     shutil.copytree(run_dir, kept, ignore=shutil.ignore_patterns(*skipped))
-    export_for_run(run_dir, kept / "policy.onnx")
+    if selected:
+        shutil.copy2(Path(run_dir) / SELECTED, kept / CHECKPOINT)
+    export_for_run(kept if selected else run_dir, kept / "policy.onnx")
     bundle = SKILLS / f"{name}.onnx"
     shutil.copy2(kept / "policy.onnx", bundle)
     shutil.copy2(kept / "policy.onnx.json", bundle.with_name(bundle.name + ".json"))
@@ -299,16 +363,22 @@ def best(scores: dict[K, float]) -> K:
     return min(scores, key=scores.__getitem__)
 
 
+def delivered(run: dict) -> dict[str, float]:
+    """The figures of the policy a run delivers: its kept point's on held-out episodes for a
+    `--keep-best` run that finished, else its last point's."""
+    return run["kept"]["figures"] if run.get("kept") else run["final"]
+
+
 def best_run(task: str, recipes: dict[str, dict]) -> tuple[str, str]:
-    """(recipe, seed) of the run whose last point falls least short of the floors."""
+    """(recipe, seed) of the run whose delivered policy falls least short of the floors."""
     skill = SKILLS_BY_TASK[task]
     return best(
-        {(r, s): skill.shortfall(run["final"]) for r, data in recipes.items() for s, run in data["seeds"].items()}
+        {(r, s): skill.shortfall(delivered(run)) for r, data in recipes.items() for s, run in data["seeds"].items()}
     )
 
 
 def median(runs: dict[str, dict], figure: Callable[[dict[str, float]], float]) -> float:
-    return statistics.median(figure(run["final"]) for run in runs.values())
+    return statistics.median(figure(delivered(run)) for run in runs.values())
 
 
 def headline(tasks: dict[str, dict]) -> dict[str, object]:
@@ -327,7 +397,7 @@ def headline(tasks: dict[str, dict]) -> dict[str, object]:
             recipe = best({name: median(r["seeds"], skill.shortfall) for name, r in over.items()})
             for key, figure in skill.over_base.items():
                 out[key] = statistics.median(
-                    run["final"][figure] / max(run["base"][figure], 1e-9) for run in over[recipe]["seeds"].values()
+                    delivered(run)[figure] / max(run["base"][figure], 1e-9) for run in over[recipe]["seeds"].values()
                 )
             out[f"{task}_residual_recipe"] = recipe
     return out
@@ -353,6 +423,9 @@ def plot(tasks: dict[str, dict], path: Path) -> None:
         for label, run in runs[task]:
             xs = [p["env_steps"] for p in run["curve"]]
             (line,) = ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, label=label)
+            if run.get("kept"):  # the kept point's figure on held-out episodes
+                kept = run["kept"]
+                ax.plot(kept["env_steps"], kept["figures"][figure], marker="*", ms=11, color=line.get_color(), ls="")
             if run.get("base"):  # a residual's own base, judged on the same episodes
                 ax.axhline(run["base"][figure], color=line.get_color(), ls=":", lw=1, label=f"{label}: its base")
         ax.set_title(f"{task}: {figure.replace('_', ' ')}")
@@ -377,6 +450,12 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=50_000, help="env steps between skill points")
     parser.add_argument("--episodes", type=int, help="evaluation episodes per point (default: 32, 64 for panda_push)")
     parser.add_argument("--preset", help="the preset the overrides apply to (default: the task's skill preset)")
+    parser.add_argument(
+        "--keep-best",
+        action="store_true",
+        help="deliver the point that falls least short of the floors, judged again on held-out episodes "
+        "(part of the recipe)",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides on top of the preset")
     args = parser.parse_args()
     preset = args.preset or PRESETS[args.task]
@@ -389,10 +468,14 @@ def main() -> None:
         tasks = json.loads(path.read_text())["tasks"] if path.is_file() else {}
         recipes = tasks.get(args.task, {}).get("recipes", {})
         ran = recipes.get(args.recipe)
-        if ran is not None and (ran["overrides"], ran.get("preset", PRESETS[args.task])) != (overrides, preset):
+        identity = (overrides, preset, args.keep_best)
+        if (
+            ran is not None
+            and (ran["overrides"], ran.get("preset", PRESETS[args.task]), ran.get("keep_best", False)) != identity
+        ):
             parser.error(
-                f"--recipe {args.recipe}: ran with preset {ran.get('preset', PRESETS[args.task])} and overrides "
-                f"{ran['overrides']}; name this anew"
+                f"--recipe {args.recipe}: ran with preset {ran.get('preset', PRESETS[args.task])}, overrides "
+                f"{ran['overrides']} and keep_best {ran.get('keep_best', False)}; name this anew"
             )
         return tasks
 
@@ -404,24 +487,34 @@ def main() -> None:
     def save(result: dict) -> dict[str, dict]:
         tasks = merged_recipes()
         recipes = tasks.setdefault(args.task, {"recipes": {}})["recipes"]
-        recipe = recipes.setdefault(args.recipe, {"preset": preset, "overrides": overrides, "seeds": {}})
+        recipe = recipes.setdefault(
+            args.recipe,
+            {"preset": preset, "overrides": overrides, **({"keep_best": True} if args.keep_best else {}), "seeds": {}},
+        )
         recipe["seeds"][str(args.seed)] = result
         best = best_run(args.task, recipes)
         tasks[args.task]["best_run"] = {"recipe": best[0], "seed": int(best[1])}
         if result["complete"] and best == (args.recipe, str(args.seed)):
-            keep(result["run_dir"], args.task)
+            keep(result["run_dir"], args.task, selected=bool(result.get("kept")))
         figures = headline(tasks)
         write_atomically(path, json.dumps(figures | {"tasks": tasks}, indent=2))
         plot(tasks, RESULTS / "skills.png")
         return tasks
 
-    tasks = save(run(args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides, save, preset))
+    result = run(
+        args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides, save, preset, args.keep_best
+    )
+    tasks = save(result)
     figures = headline(tasks)
     print(f"\n{'task':<15} {'recipe':<16} {'seed':>4} {'env steps':>10} {'updates':>9} {'minutes':>8}  final")
     for task, data in sorted(tasks.items()):
         for name, recipe_ in sorted(data["recipes"].items()):
             for seed, run_ in sorted(recipe_["seeds"].items()):
                 shown = ", ".join(f"{k} {v:.3f}" for k, v in run_["final"].items())
+                if run_.get("kept"):
+                    shown += f"; kept at {run_['kept']['env_steps']:,}, held out: " + ", ".join(
+                        f"{k} {v:.3f}" for k, v in run_["kept"]["figures"].items()
+                    )
                 if run_.get("base"):
                     shown += "; its base: " + ", ".join(f"{k} {v:.3f}" for k, v in run_["base"].items())
                 shown += "" if run_.get("complete", True) else " (cut short)"

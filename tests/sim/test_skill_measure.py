@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -95,6 +96,31 @@ def test_a_residual_is_judged_against_its_own_base_and_runs_without_one_do_not_c
     assert "push_residual_over_bc" not in bench.headline({"panda_push": {"recipes": {"rlpd": recipes["rlpd"]}}})
 
 
+def test_a_run_that_keeps_its_best_point_is_judged_by_that_point_on_held_out_episodes() -> None:
+    bench = skills_bench()
+    kept = {
+        "final": {"stand_rate": 0.5},
+        "curve": [{"env_steps": 1, "stand_rate": 1.0}, {"env_steps": 2, "stand_rate": 0.5}],
+        "kept": {"env_steps": 1, "figures": {"stand_rate": 0.875}},  # the 1.0 point, judged again
+    }
+    last = {"final": {"stand_rate": 0.9}}
+    cut_short = {"final": {"stand_rate": 0.6}, "kept": None}  # stopped before its held-out judgement
+    recipes = {"keep_best": {"seeds": {"0": kept, "1": cut_short}}, "last": {"seeds": {"0": last}}}
+    assert bench.delivered(kept) == {"stand_rate": 0.875} and bench.delivered(cut_short) == {"stand_rate": 0.6}
+    assert bench.best_run("gr1_stand", recipes) == ("last", "0"), "0.9 at the end beats 0.875 held out"
+    kept["kept"]["figures"]["stand_rate"] = 0.95
+    assert bench.best_run("gr1_stand", recipes) == ("keep_best", "0")
+    assert bench.headline({"gr1_stand": {"recipes": recipes}}) == {
+        "gr1_stand_rate": pytest.approx(0.9),
+        "gr1_stand_recipe": "last",
+    }, "keep_best's median is (0.95 + 0.6) / 2"
+
+
+def test_keep_best_is_refused_for_a_residual_before_anything_trains() -> None:
+    with pytest.raises(ValueError, match="residual_panda_push: --keep-best"):
+        skills_bench().run("panda_push", 0, 1.0, 64, 2, [], lambda _: None, "residual_panda_push", keep_best=True)
+
+
 def test_a_run_that_tracks_better_but_falls_more_does_not_rank_first() -> None:
     bench = skills_bench()
     # Worst ratio to its floor: falls 0.47 / 0.05 = 9.4 against 0.19 / 0.05 = 3.8.
@@ -120,6 +146,48 @@ def test_a_run_saves_its_curve_at_every_point_so_one_cut_short_keeps_it(tmp_path
     assert not any(r["complete"] for r in saved) and result["complete"]
     assert [p["env_steps"] for p in result["curve"]] == [64, 128, 192]
     assert result["run_dir"] == saved[0]["run_dir"] and Path(result["run_dir"]).is_dir()
+
+
+@pytest.mark.slow  # trains four points' worth of a tiny CrossQ
+def test_keep_best_delivers_the_best_point_judged_on_other_episodes_and_exports_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = skills_bench()
+    # A tiny learner never succeeds; the points' success is scripted (two tie for best, before the
+    # last), their returns are the policy's own.
+    script = iter([0.2, 0.7, 0.7, 0.5, 0.0])
+
+    def measure(policy, env, seed=bench.EVAL_SEED):
+        return bench.manipulation(policy, env, seed) | {"success": next(script)}
+
+    skill = dataclasses.replace(bench.SKILLS_BY_TASK["panda_push"], measure=measure)
+    monkeypatch.setitem(bench.SKILLS_BY_TASK, "panda_push", skill)
+    tiny = ["env.num_envs=4", "env.task_params.episode_length=16", "total_steps=256", "warmup_steps=64"]
+    tiny += ["crossq.batch_size=32", "crossq.actor_hidden=[32]", "crossq.critic_hidden=[32]"]
+    tiny += ["checkpoint_every=0", "replay_capacity=1000", "eval_every=0", f"log.root={tmp_path}"]
+    result = bench.run("panda_push", 0, 10.0, 64, 4, tiny, lambda _: None, keep_best=True)
+    curve, kept = result["curve"], result["kept"]
+    assert [p["env_steps"] for p in curve] == [64, 128, 192, 256]
+    assert kept["env_steps"] == 192, "the best point, the later one of a tie"
+    assert result["final"]["success"] == 0.5 and bench.delivered(result)["success"] == 0.0, "held out, not picked"
+    assert kept["figures"]["return"] != pytest.approx(curve[2]["return"]), "judged on other episodes"
+
+    monkeypatch.setattr(bench, "SKILLS", tmp_path / "skills")
+    bundle = bench.keep(result["run_dir"], "panda_push", selected=True)
+    meta = json.loads(bundle.with_name(bundle.name + ".json").read_text())
+    assert meta["training"]["env_steps"] == 192, "the kept point's policy is the one exported"
+    assert not (bench.SKILLS / "runs" / "panda_push" / bench.SELECTED).exists()
+    # The kept directory's learner, on the held-out episodes, is the one that was judged there.
+    from q2real.agents.callbacks import deterministic_policy
+    from q2real.agents.export import load_run_policy
+
+    config, one_env, agent, step = load_run_policy(bench.SKILLS / "runs" / "panda_push")
+    one_env.close()
+    assert step == 192
+    env = bench.eval_env(config, 4, bench.HELD_OUT_SEED)
+    returns = bench.manipulation(deterministic_policy(agent, env), env, bench.HELD_OUT_SEED)["return"]
+    env.close()
+    assert returns == pytest.approx(kept["figures"]["return"], rel=1e-5)
 
 
 @pytest.mark.slow  # trains for 128 env steps
