@@ -209,7 +209,7 @@ class SkillCurve(Callback):
         began = time.monotonic()
         policy, device = deterministic_policy(trainer.agent, self.env), trainer.agent.device
         # The judge may step native MuJoCo on the CPU while the learner sits on a GPU.
-        figures = self.skill.measure(lambda obs: policy(obs.to(device)).to(self.env.device), self.env)
+        figures = self.skill.measure(lambda obs: policy(obs.to(device)).to(self.env.device), self.env, EVAL_SEED)
         point = {"env_steps": trainer.step, "updates": trainer.agent.updates, "seconds": began - self.start}
         self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
         shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
@@ -329,7 +329,7 @@ def judge_kept(
 def judge_base(skill: Skill, base_dir: str, env: VecEnv) -> tuple[dict[str, float], VecEnv]:
     """The BC base's figures on `env`'s seeded episodes, and `env` extended with the base's action."""
     base_config, base, _ = load_bc(base_dir)
-    figures = skill.measure(executed(base, base_config, env), env)
+    figures = skill.measure(executed(base, base_config, env), env, EVAL_SEED)
     print(f"  base {base_dir}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
     return figures, BaseActionEnv(env, base, base.action_dim * base.chunk)
 
