@@ -181,6 +181,13 @@ SKILLS_BY_TASK = {
 }
 
 
+def judged_policy(agent, env: VecEnv) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`agent`'s deterministic policy on `env`'s device: the judge may step native MuJoCo on the CPU
+    while the learner sits on a GPU."""
+    policy, device = deterministic_policy(agent, env), agent.device
+    return lambda obs: policy(obs.to(device)).to(env.device)
+
+
 class SkillCurve(Callback):
     """Judges the skill every `every` env steps and at the end; stops training after `budget` seconds.
     With `keep_best`, the learner of the point that falls least short of the floors (the later one on a
@@ -207,9 +214,7 @@ class SkillCurve(Callback):
 
     def point(self, trainer) -> None:
         began = time.monotonic()
-        policy, device = deterministic_policy(trainer.agent, self.env), trainer.agent.device
-        # The judge may step native MuJoCo on the CPU while the learner sits on a GPU.
-        figures = self.skill.measure(lambda obs: policy(obs.to(device)).to(self.env.device), self.env, EVAL_SEED)
+        figures = self.skill.measure(judged_policy(trainer.agent, self.env), self.env, EVAL_SEED)
         point = {"env_steps": trainer.step, "updates": trainer.agent.updates, "seconds": began - self.start}
         self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
         shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
@@ -318,8 +323,7 @@ def judge_kept(
     trainer.agent.load_state_dict(weights)
     env = eval_env(config, episodes, HELD_OUT_SEED)
     try:
-        policy, device = deterministic_policy(trainer.agent, env), trainer.agent.device
-        figures = skill.measure(lambda obs: policy(obs.to(device)).to(env.device), env, HELD_OUT_SEED)
+        figures = skill.measure(judged_policy(trainer.agent, env), env, HELD_OUT_SEED)
     finally:
         env.close()
     print("  kept point on held-out episodes: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
