@@ -117,11 +117,14 @@ class ChunkExecutor:
         self.queue.clear(done)
 
 
-def deterministic_policy(agent: ActorCritic, env: VecEnv) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`agent`'s deterministic actions in [-1, 1] for `env`, chunks executed as the bundle will run them."""
+def deterministic_policy(
+    agent: ActorCritic, env: VecEnv, averaged: bool = True
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`agent`'s deterministic actions in [-1, 1] for `env`, chunks executed as the bundle will run them
+    (`averaged=False`: the online actor's, where the policy is an averaged copy)."""
 
     def predict(obs: torch.Tensor) -> torch.Tensor:
-        return agent.act(obs, deterministic=True).clamp(-1.0, 1.0)
+        return agent.act(obs, deterministic=True, averaged=averaged).clamp(-1.0, 1.0)
 
     spec = agent.config.chunk.spec()
     return ChunkExecutor(predict, spec, env) if spec.size > 1 else predict

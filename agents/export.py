@@ -102,7 +102,7 @@ class DeployPolicy(CommandGraph):
     """An actor-critic's deterministic policy for `env`: its observation normalizer, then its actor."""
 
     def __init__(self, agent: ActorCritic, env: VecEnv):
-        policy = nn.Sequential(agent.obs_norm.leading(agent.policy_obs_dim), agent.actor)
+        policy = nn.Sequential(agent.obs_norm.leading(agent.policy_obs_dim), agent.policy)
         chunk = agent.config.chunk.policy_length
         super().__init__(policy, chunk, env.action_scale, env.action_offset, action_steps(env))
 
@@ -114,7 +114,7 @@ class CostGraph(CommandGraph):
     outputs."""
 
     def __init__(self, agent: SACLag, env: VecEnv):
-        super().__init__(agent.actor, 1, env.action_scale, env.action_offset, action_steps(env))
+        super().__init__(agent.policy, 1, env.action_scale, env.action_offset, action_steps(env))
         self.norm = copy.deepcopy(agent.obs_norm).cpu()
         self.cost = copy.deepcopy(agent.cost_critic).cpu()
         self.eval()

@@ -159,9 +159,13 @@ class RobotLearner(Finetuner):
 
     # --- versions --------------------------------------------------------------------------------------
     def save_actor(self, version: int) -> None:
-        """The actor and its observation statistics as version `version`, for a rollback to it."""
+        """The actor (and its averaged copy, which the bundle runs, where there is one) and its observation
+        statistics as version `version`, for a rollback to it."""
         path = self.directory / f"{version_name(version)}.pt"
-        state = {"actor": self.agent.actor.state_dict(), "obs_norm": self.agent.obs_norm.state_dict()}
+        agent = self.agent
+        state = {"actor": agent.actor.state_dict(), "obs_norm": agent.obs_norm.state_dict()}
+        if agent.actor_average is not None:
+            state["actor_average"] = agent.actor_average.state_dict()
         torch.save(state, path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)
 
@@ -184,6 +188,8 @@ class RobotLearner(Finetuner):
     def roll_back(self, version: int) -> None:
         state = torch.load(self.directory / f"{version_name(version)}.pt", weights_only=True)
         self.agent.actor.load_state_dict(state["actor"])
+        if self.agent.actor_average is not None:
+            self.agent.actor_average.load_state_dict(state["actor_average"])
         self.agent.obs_norm.load_state_dict(state["obs_norm"])
 
 

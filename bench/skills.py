@@ -80,6 +80,8 @@ HELD_OUT_SEED = 778_000
 was picked on, so picking the best of several noisy points does not inflate its figures."""
 SELECTED = "selected.pt"
 """The checkpoint of the point a `--keep-best` run keeps, beside the run's own `checkpoint.pt`."""
+ONLINE = "online_"
+"""Prefix of a curve point's figures for the online actor, judged beside an averaged policy (`actor_average`)."""
 RATE_LIMIT = RULES.index("RATE_LIMIT")
 EPISODE_SECONDS = 20.0
 K = TypeVar("K")
@@ -181,10 +183,10 @@ SKILLS_BY_TASK = {
 }
 
 
-def judged_policy(agent, env: VecEnv) -> Callable[[torch.Tensor], torch.Tensor]:
+def judged_policy(agent, env: VecEnv, averaged: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
     """`agent`'s deterministic policy on `env`'s device: the judge may step native MuJoCo on the CPU
     while the learner sits on a GPU."""
-    policy, device = deterministic_policy(agent, env), agent.device
+    policy, device = deterministic_policy(agent, env, averaged), agent.device
     return lambda obs: policy(obs.to(device)).to(env.device)
 
 
@@ -214,10 +216,15 @@ class SkillCurve(Callback):
 
     def point(self, trainer) -> None:
         began = time.monotonic()
-        figures = self.skill.measure(judged_policy(trainer.agent, self.env), self.env, EVAL_SEED)
-        point = {"env_steps": trainer.step, "updates": trainer.agent.updates, "seconds": began - self.start}
-        self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
+        agent = trainer.agent
+        figures = self.skill.measure(judged_policy(agent, self.env), self.env, EVAL_SEED)
         shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
+        if agent.actor_average is not None:  # the online actor on the same episodes: what averaging bought
+            online = self.skill.measure(judged_policy(agent, self.env, averaged=False), self.env, EVAL_SEED)
+            figures |= {f"{ONLINE}{k}": v for k, v in online.items()}
+            shown += " (online actor: " + ", ".join(f"{k} {v:.3f}" for k, v in online.items()) + ")"
+        point = {"env_steps": trainer.step, "updates": agent.updates, "seconds": began - self.start}
+        self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
         print(f"  skill at {trainer.step:,} env steps, {point['seconds'] / 60:.1f} min: {shown}", flush=True)
         if self.keep_best and (self.kept is None or self.skill.shortfall(figures) <= self.skill.shortfall(self.kept)):
             self.keep(trainer, self.points[-1])
@@ -427,6 +434,9 @@ def plot(tasks: dict[str, dict], path: Path) -> None:
         for label, run in runs[task]:
             xs = [p["env_steps"] for p in run["curve"]]
             (line,) = ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, label=label)
+            if f"{ONLINE}{figure}" in run["curve"][0]:  # an averaged policy's online actor, dashed
+                online = [p[f"{ONLINE}{figure}"] for p in run["curve"]]
+                ax.plot(xs, online, color=line.get_color(), ls="--", lw=0.8, alpha=0.6, label=f"{label}: online actor")
             if run.get("kept"):  # the kept point's figure on held-out episodes
                 kept = run["kept"]
                 ax.plot(kept["env_steps"], kept["figures"][figure], marker="*", ms=11, color=line.get_color(), ls="")

@@ -30,7 +30,7 @@ from q2real.sim import VecEnv, make
 class ResidualGraph(nn.Module):
     def __init__(self, base: BCPolicy, agent: ResidualSAC):
         super().__init__()
-        self.base, self.obs_norm, self.actor = base, agent.obs_norm, agent.actor
+        self.base, self.obs_norm, self.actor = base, agent.obs_norm, agent.policy
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         extended = torch.cat([obs, self.base(obs).clamp(-1.0, 1.0)], dim=-1)
@@ -66,7 +66,7 @@ def export_residual(run_dir: str | Path, output: str | Path | None = None) -> Pa
     try:
         raw = env.env if isinstance(env, BaseActionEnv) else env
         if base is None:
-            policy: nn.Module = nn.Sequential(agent.obs_norm, agent.actor)
+            policy: nn.Module = nn.Sequential(agent.obs_norm, agent.policy)
         else:
             policy = ResidualGraph(base, agent)
         graph = CommandGraph(policy, agent.config.chunk.policy_length, raw.action_scale, raw.action_offset)

@@ -22,7 +22,14 @@ from torch import nn
 
 from q2real.agents.common.chunk_critics import CausalChunkCritic, ChunkConfig, decoupled_loss, multi_horizon_loss
 from q2real.agents.common.heads import CategoricalHead, QuantileHead, ScalarHead
-from q2real.agents.common.networks import Critic, Trunk, polyak, project_weights, set_matmul_dtype
+from q2real.agents.common.networks import (
+    Critic,
+    Trunk,
+    average_weights,
+    polyak,
+    project_weights,
+    set_matmul_dtype,
+)
 from q2real.agents.common.normalizer import Gather, ObsNormalizer, ReturnScaler, local
 from q2real.agents.common.replay import Batch
 from q2real.sim.vec_env import StepResult
@@ -87,6 +94,12 @@ class ActorCriticConfig:
     significant bits. Output layers (Q values, actions), weights, optimizer state, normalization
     statistics and losses stay float32, and exported policies run float32. On CPUs with AVX-512 BF16
     or AMX (and any recent GPU) a product costs about half; elsewhere it can cost more."""
+    actor_average: float = 0.0
+    """Polyak rate, per actor step, of an averaged copy of the actor that deterministic actions come from
+    (evaluation, checkpoints' judged policy, the exported bundle); exploration still uses the online
+    actor. Averaging recent iterates' weights damps a policy that swings between good and bad from one
+    evaluation to the next (Nikishin et al. 2018, "Improving Stability in Deep Reinforcement Learning
+    with Weight Averaging"). 0 = off: the online actor is the policy."""
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     """Action chunks: the policy predicts several actions per query and the critic values them together."""
 
@@ -121,6 +134,7 @@ class ActorCriticConfig:
             (0 <= self.drop_top < self.num_quantiles, "drop_top", f"in [0, num_quantiles={self.num_quantiles})"),
             (-math.inf < self.v_min < self.v_max < math.inf, "v_min", "finite and < v_max"),
             (0 <= self.max_grad_norm < math.inf, "max_grad_norm", ">= 0 and finite"),
+            (0 <= self.actor_average <= 1, "actor_average", "in [0, 1]"),
             (not self.project_weights or self.network == "flash", "project_weights", "used with network=flash"),
             *self.chunk.checks(),
             (self.chunk.size == 1 or self.n_step == 1, "n_step", "1 with chunks (the backup spans chunk.size steps)"),
@@ -222,6 +236,9 @@ class ActorCritic(nn.Module):
             )
             self.prefix_target = copy.deepcopy(self.prefix_critic).requires_grad_(False)
         self.actor = self.build_actor()
+        self.actor_average: nn.Module | None = None
+        if config.actor_average > 0:
+            self.actor_average = copy.deepcopy(self.actor).requires_grad_(False).eval()
         self.matmul_dtype = torch.bfloat16 if config.matmul_dtype == "bfloat16" else None
         """What subclasses building more networks (a cost critic) pass to `set_matmul_dtype`."""
         set_matmul_dtype(self, self.matmul_dtype)
@@ -276,15 +293,24 @@ class ActorCritic(nn.Module):
         """Every network the critic optimizer trains."""
         return nn.ModuleList([self.critic, *([self.prefix_critic] if self.prefix_critic is not None else [])])
 
+    @property
+    def policy(self) -> nn.Module:
+        """The network deterministic actions and the exported bundle come from: the averaged actor where
+        there is one (`actor_average`), else the actor."""
+        return self.actor if self.actor_average is None else self.actor_average
+
     @torch.no_grad()
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        """Actions in [-1, 1] for raw observations. The actor runs in eval mode, so BatchNorm layers use
-        their running statistics rather than those of whatever batch of envs is acting."""
-        training = self.actor.training
-        self.actor.eval()
+    def act(self, obs: torch.Tensor, deterministic: bool = False, averaged: bool = True) -> torch.Tensor:
+        """Actions in [-1, 1] for raw observations: exploratory ones from the actor, deterministic ones
+        from `policy` (the online actor's with `averaged=False`). The network runs in eval mode, so
+        BatchNorm layers use their running statistics rather than those of whatever batch of envs is
+        acting."""
+        network = self.policy if deterministic and averaged else self.actor
+        training = network.training
+        network.eval()
         normalized = self.obs_norm(obs)
-        action = self.actor(normalized) if deterministic else self.explore(normalized)
-        self.actor.train(training)
+        action = network(normalized) if deterministic else self.explore(normalized)
+        network.train(training)
         return action
 
     def observe(self, result: StepResult) -> None:
@@ -368,6 +394,8 @@ class ActorCritic(nn.Module):
         critics.requires_grad_(False)
         actor_loss, extra = self.actor_loss(self.obs_norm(raw_obs))
         self._step(self.actor_optim, actor_loss, self.actor)
+        if self.actor_average is not None:
+            average_weights(self.actor_average, self.actor, self.config.actor_average)
         critics.requires_grad_(True)
         self.after_actor_step()
         return {"actor_loss": actor_loss.detach(), **extra}

@@ -333,3 +333,16 @@ def polyak(target: nn.Module, online: nn.Module, tau: float) -> None:
     torch._foreach_lerp_(target_params, online_params, tau)  # pyright: ignore[reportPrivateImportUsage]
     for t, o in zip(target.buffers(), online.buffers(), strict=True):
         t.copy_(o)
+
+
+@torch.no_grad()
+def average_weights(average: nn.Module, online: nn.Module, tau: float) -> None:
+    """average <- (1 - tau) average + tau online, for parameters and floating-point buffers alike: the
+    normalization statistics are averaged with the weights they normalize. Counters are copied."""
+    mine, theirs = [*average.parameters(), *average.buffers()], [*online.parameters(), *online.buffers()]
+    pairs = list(zip(mine, theirs, strict=True))
+    floats = [(a, o) for a, o in pairs if a.is_floating_point()]
+    torch._foreach_lerp_([a for a, _ in floats], [o for _, o in floats], tau)  # pyright: ignore[reportPrivateImportUsage]
+    for a, o in pairs:
+        if not a.is_floating_point():
+            a.copy_(o)

@@ -74,6 +74,8 @@ CASES = {
     # Chunk queues in collection; chunk windows with every prefix's backup in the updates.
     "chunks": ("sac.chunk.size=3", "sac.chunk.critic=multi", "sac.chunk.execute=2", "sac.chunk.ensemble=0.1"),
     "dqc": ("td3.chunk.size=3", "td3.chunk.critic=dqc", "td3.chunk.policy_size=2"),
+    # The averaged actor's step after each actor step.
+    "averaged": ("sac.actor_average=0.01",),
 }
 
 
@@ -87,6 +89,7 @@ CASES = {
         ("td3", "dspear"),
         ("sac", "shield"),
         ("sac", "chunks"),
+        ("sac", "averaged"),
         ("td3", "prioritized+dqc"),
     ],
 )
