@@ -99,7 +99,8 @@ def action_steps(env: VecEnv) -> tuple[ActionSteps, slice] | None:
 
 
 class DeployPolicy(CommandGraph):
-    """An actor-critic's deterministic policy for `env`: its observation normalizer, then its actor."""
+    """An actor-critic's deterministic policy for `env`: its observation normalizer, then its policy network
+    (the averaged actor where the learner keeps one, else the actor)."""
 
     def __init__(self, agent: ActorCritic, env: VecEnv):
         policy = nn.Sequential(agent.obs_norm.leading(agent.policy_obs_dim), agent.policy)
