@@ -11,9 +11,10 @@ Three rows, each run in this invocation with the libraries alternating (never co
                    median of `--rounds` interleaved rounds, at Pendulum-v1's sizes and batch 256
                    (`updates_per_s_ratio`) and at the Spot skill preset's sizes and batch
                    (`updates_per_s_ratio_spot_recipe`); q2real also with bfloat16 products
-                   (`matmul_dtype`, the `_bf16` keys), and CrossQ at the Spot preset's sizes both
-                   ways (`crossq_updates_per_s_spot_recipe`, no peer). `--updates-only` reruns these
-                   rows alone.
+                   (`matmul_dtype`, the `_bf16` keys), and at the Spot preset's sizes CrossQ, what
+                   the preset trains, against sb3-contrib's CrossQ
+                   (`crossq_updates_per_s_ratio_spot_recipe`). `--updates-only` reruns these rows
+                   alone.
 Time to threshold is training wall-clock (evaluation time excluded) until the deterministic evaluation
 mean (10 episodes, every --eval-every env steps) first reaches -200 on gymnasium's Pendulum-v1. Rows
 (a) and (b) run every seed of `--seeds` on each side and report the medians. Both sides use 2 torch
@@ -145,8 +146,8 @@ class RandomBoxEnv(gym.Env):
 
 def update_shapes() -> dict[str, tuple[int, int, int]]:
     """Update-rate rows: (observation size, action size, batch). `pendulum` is Pendulum-v1 at SB3's
-    defaults; `spot_recipe` is the Spot skill preset's sizes and batch (the preset trains CrossQ, which
-    SB3 does not have: both sides run SAC there, the same networks and batch)."""
+    defaults; `spot_recipe` is the Spot skill preset's sizes and batch, where both libraries run SAC
+    and, as the preset trains, CrossQ (sb3-contrib's), at the same networks and batch."""
     config = load(TrainConfig, "crossq_spot_joystick")
     env = make(dataclasses.replace(config.env, num_envs=1))
     try:
@@ -161,13 +162,19 @@ def updates_per_second(
 ) -> dict[str, float]:
     """Gradient updates/s of both SACs at equal batch, (256, 256) networks and Adam on stored
     transitions, q2real in float32 and with bfloat16 products (`matmul_dtype`), and with `crossq`
-    q2real's CrossQ both ways; the sides alternate for `rounds` rounds and each reports its median round."""
+    both CrossQs (sb3-contrib's and q2real's, each at its defaults: policy delay 3, Adam beta1 0.5,
+    batch renorm in actor and critics) at the same networks and batch, q2real's both ways; the sides
+    alternate for `rounds` rounds and each reports its median round."""
+    from sb3_contrib import CrossQ as SB3CrossQ
     from stable_baselines3 import SAC as SB3SAC
 
     env = gym.make("Pendulum-v1") if (obs_dim, action_dim) == (3, 1) else RandomBoxEnv(obs_dim, action_dim)
     filled = max(2_000, batch)
-    model = SB3SAC("MlpPolicy", env, seed=0, device="cpu", batch_size=batch, learning_starts=filled, verbose=0)
-    model.learn(total_timesteps=filled)  # fills its buffer through the normal path, without training
+
+    def peer(learner, **kwargs):
+        model = learner("MlpPolicy", env, seed=0, device="cpu", batch_size=batch, learning_starts=filled, **kwargs)
+        model.learn(total_timesteps=filled)  # fills its buffer through the normal path, without training
+        return lambda: model.train(gradient_steps=25, batch_size=batch)
 
     storage = ReplayStorage(50_000, 1, obs_dim, action_dim, torch.device("cpu"))
     for _ in range(filled):
@@ -186,11 +193,13 @@ def updates_per_second(
         return work
 
     sides = {
-        "sb3": lambda: model.train(gradient_steps=25, batch_size=batch),
+        "sb3": peer(SB3SAC, verbose=0),
         "q2real": ours(SAC, SACConfig(batch_size=batch)),
         "q2real_bf16": ours(SAC, SACConfig(batch_size=batch, matmul_dtype="bfloat16")),
     }
-    if crossq:  # what the skill recipe runs; SB3 has no CrossQ, so no ratio
+    if crossq:  # what the skill recipe runs
+        widths = {"net_arch": {"pi": [256, 256], "qf": [256, 256]}}  # its default critic is 1024 wide
+        sides["sb3_crossq"] = peer(SB3CrossQ, verbose=0, policy_kwargs=widths)
         sides["crossq"] = ours(CrossQ, CrossQConfig(batch_size=batch))
         sides["crossq_bf16"] = ours(CrossQ, CrossQConfig(batch_size=batch, matmul_dtype="bfloat16"))
 
@@ -208,11 +217,14 @@ def updates_per_second(
         for side, work in sides.items():
             rates[side].append(rate(work))
     median = {side: float(np.median(r)) for side, r in rates.items()}
-    return {
-        **{f"{side}_updates_per_s": rate for side, rate in median.items()},
+    ratios = {
         "updates_per_s_ratio": median["q2real"] / median["sb3"],
         "updates_per_s_ratio_bf16": median["q2real_bf16"] / median["sb3"],
     }
+    if crossq:
+        ratios["crossq_updates_per_s_ratio"] = median["crossq"] / median["sb3_crossq"]
+        ratios["crossq_updates_per_s_ratio_bf16"] = median["crossq_bf16"] / median["sb3_crossq"]
+    return {**{f"{side}_updates_per_s": rate for side, rate in median.items()}, **ratios}
 
 
 def update_rows(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
@@ -221,11 +233,14 @@ def update_rows(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
         print(f"updates/s, {name}: obs {obs_dim}, actions {action_dim}, batch {batch}, {rounds} rounds ...", flush=True)
         rows[name] = updates_per_second(obs_dim, action_dim, batch, seconds, rounds, crossq=name == "spot_recipe")
     print(
-        f"\n{'updates/s':<13}{'batch':>6}{'SB3':>8}{'q2real':>8}{'bf16':>8}{'ratio':>7}{'bf16 ratio':>11}  CrossQ, bf16"
+        f"\n{'updates/s':<13}{'batch':>6}{'SB3':>8}{'q2real':>8}{'bf16':>8}{'ratio':>7}{'bf16 ratio':>11}"
+        "  CrossQ: sb3-contrib, q2real, bf16 (ratios)"
     )
     for name, row in rows.items():
         crossq = (
-            f"{row['crossq_updates_per_s']:.1f}, {row['crossq_bf16_updates_per_s']:.1f}"
+            f"{row['sb3_crossq_updates_per_s']:.1f}, {row['crossq_updates_per_s']:.1f}, "
+            f"{row['crossq_bf16_updates_per_s']:.1f} ({row['crossq_updates_per_s_ratio']:.2f}, "
+            f"{row['crossq_updates_per_s_ratio_bf16']:.2f})"
             if "crossq_updates_per_s" in row
             else ""
         )
