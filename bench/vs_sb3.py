@@ -172,7 +172,9 @@ def updates_per_second(
     filled = max(2_000, batch)
 
     def peer(learner, **kwargs):
-        model = learner("MlpPolicy", env, seed=0, device="cpu", batch_size=batch, learning_starts=filled, **kwargs)
+        model = learner(
+            "MlpPolicy", env, seed=0, device="cpu", batch_size=batch, learning_starts=filled, verbose=0, **kwargs
+        )
         model.learn(total_timesteps=filled)  # fills its buffer through the normal path, without training
         return lambda: model.train(gradient_steps=25, batch_size=batch)
 
@@ -193,13 +195,13 @@ def updates_per_second(
         return work
 
     sides = {
-        "sb3": peer(SB3SAC, verbose=0),
+        "sb3": peer(SB3SAC),
         "q2real": ours(SAC, SACConfig(batch_size=batch)),
         "q2real_bf16": ours(SAC, SACConfig(batch_size=batch, matmul_dtype="bfloat16")),
     }
     if crossq:  # what the skill recipe runs
         widths = {"net_arch": {"pi": [256, 256], "qf": [256, 256]}}  # its default critic is 1024 wide
-        sides["sb3_crossq"] = peer(SB3CrossQ, verbose=0, policy_kwargs=widths)
+        sides["sb3_crossq"] = peer(SB3CrossQ, policy_kwargs=widths)
         sides["crossq"] = ours(CrossQ, CrossQConfig(batch_size=batch))
         sides["crossq_bf16"] = ours(CrossQ, CrossQConfig(batch_size=batch, matmul_dtype="bfloat16"))
 
