@@ -47,7 +47,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -66,6 +66,9 @@ from q2real.sim import VecEnv, make
 from q2real.sim.registry import TASKS, describe
 from q2real.sim.shield_clamps import RULES
 from q2real.sim.tasks.floating_base import FloatingBaseTask
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SKILLS = RESULTS / "skills"
@@ -414,43 +417,91 @@ def headline(tasks: dict[str, dict]) -> dict[str, object]:
     return out
 
 
-def plot(tasks: dict[str, dict], path: Path) -> None:
+def skills_figure(tasks: dict[str, dict]) -> Figure:
+    """One row per task: its figures' curves, then a legend of its own. Colour is the recipe, the marker
+    the seed; the recipe the headline reports is drawn bold, the others faint."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    panels = [(task, figure) for task in tasks for figure in SKILLS_BY_TASK[task].headline.values()]
-    runs = {
-        task: [
-            (f"{r} seed {s}", run)
-            for r, data in sorted(tasks[task]["recipes"].items())
-            for s, run in data["seeds"].items()
+    chosen = headline(tasks)
+    columns = max(len(SKILLS_BY_TASK[task].headline) for task in tasks) + 1
+    fig, axes = plt.subplots(len(tasks), columns, figsize=(4.2 * columns, 3.3 * len(tasks)), squeeze=False)
+    colours = plt.get_cmap("tab10").colors
+    markers = "os^Dvp"
+    for row, task in zip(axes, tasks, strict=True):
+        recipes = sorted(tasks[task]["recipes"].items())
+        best_recipe = chosen[f"{task}_recipe"]
+        figures = list(SKILLS_BY_TASK[task].headline.values())
+        marks: set[str] = set()
+        styles = {
+            name: {
+                "color": colours[i % len(colours)],
+                "lw": 1.8 if name == best_recipe else 0.8,
+                "alpha": 1.0 if name == best_recipe else 0.45,
+                "zorder": 3 if name == best_recipe else 2,
+            }
+            for i, (name, _) in enumerate(recipes)
+        }
+        for ax, figure in zip(row, figures, strict=False):
+            for name, data in recipes:
+                style = styles[name]
+                for seed, run in data["seeds"].items():
+                    xs = [p["env_steps"] for p in run["curve"]]
+                    ax.plot(
+                        xs, [p[figure] for p in run["curve"]], marker=markers[int(seed) % len(markers)], ms=3, **style
+                    )
+                    if f"{ONLINE}{figure}" in run["curve"][0]:  # an averaged policy's online actor
+                        ax.plot(
+                            xs,
+                            [p[f"{ONLINE}{figure}"] for p in run["curve"]],
+                            ls="--",
+                            **style | {"lw": 0.7, "alpha": 0.4},
+                        )
+                        marks.add("online")
+                    if run.get("kept"):  # the kept point's figure on held-out episodes
+                        ax.plot(
+                            run["kept"]["env_steps"], run["kept"]["figures"][figure], marker="*", ms=11, ls="", **style
+                        )
+                        marks.add("kept")
+                    if run.get("base"):  # a residual's own base, judged on the same episodes
+                        ax.axhline(run["base"][figure], ls=":", **style | {"lw": 1.0})
+                        marks.add("base")
+            ax.axhline(SKILLS_BY_TASK[task].floors[figure], color="k", ls="--", lw=0.8)
+            ax.set_title(f"{task}: {figure.replace('_', ' ')}")
+            # Recipes differ 50-fold in env steps (demonstrations against many envs): a log axis shows both.
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1000:g}k")
+            ax.set_xlabel("env steps (log)")
+            ax.grid(alpha=0.3)
+        seeds = sorted({int(s) for _, data in recipes for s in data["seeds"]})
+        handles = [
+            Line2D([], [], color=style["color"], lw=style["lw"], label=name + " (headline)" * (name == best_recipe))
+            for name, style in styles.items()
         ]
-        for task in tasks
-    }
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
-    for ax, (task, figure) in zip(axes[0], panels, strict=True):
-        for label, run in runs[task]:
-            xs = [p["env_steps"] for p in run["curve"]]
-            (line,) = ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, label=label)
-            if f"{ONLINE}{figure}" in run["curve"][0]:  # an averaged policy's online actor, dashed
-                online = [p[f"{ONLINE}{figure}"] for p in run["curve"]]
-                ax.plot(xs, online, color=line.get_color(), ls="--", lw=0.8, alpha=0.6, label=f"{label}: online actor")
-            if run.get("kept"):  # the kept point's figure on held-out episodes
-                kept = run["kept"]
-                ax.plot(kept["env_steps"], kept["figures"][figure], marker="*", ms=11, color=line.get_color(), ls="")
-            if run.get("base"):  # a residual's own base, judged on the same episodes
-                ax.axhline(run["base"][figure], color=line.get_color(), ls=":", lw=1, label=f"{label}: its base")
-        ax.set_title(f"{task}: {figure.replace('_', ' ')}")
-        ax.axhline(SKILLS_BY_TASK[task].floors[figure], color="k", ls="--", lw=0.8, label="floor")
-        # Recipes differ 50-fold in env steps (demonstrations against many envs): a log axis shows both.
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1000:g}k")
-        ax.set_xlabel("env steps (log)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        handles += [
+            Line2D([], [], color="grey", marker=markers[s % len(markers)], ls="", label=f"seed {s}") for s in seeds
+        ]
+        handles.append(Line2D([], [], color="k", ls="--", lw=0.8, label="floor"))
+        extras = {
+            "online": Line2D([], [], color="grey", ls="--", lw=0.7, label="online actor (averaged runs)"),
+            "kept": Line2D([], [], color="grey", marker="*", ms=11, ls="", label="kept point, held-out episodes"),
+            "base": Line2D([], [], color="grey", ls=":", label="residual's own base"),
+        }
+        handles += [line for key, line in extras.items() if key in marks]
+        for ax in row[len(figures) :]:
+            ax.axis("off")
+        row[len(figures)].legend(handles=handles, loc="center left", fontsize=7, frameon=False)
     fig.tight_layout()
+    return fig
+
+
+def plot(tasks: dict[str, dict], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = skills_figure(tasks)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

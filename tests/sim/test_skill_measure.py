@@ -134,6 +134,43 @@ def test_a_run_that_tracks_better_but_falls_more_does_not_rank_first() -> None:
     assert bench.SKILLS_BY_TASK["gr1_stand"].shortfall({"stand_rate": 0.475}) == 2.0
 
 
+def test_the_plot_has_a_row_and_a_legend_per_task_and_draws_the_headline_recipe_bold() -> None:
+    bench = skills_bench()
+
+    def run(rate: float, kept: bool = False) -> dict:
+        curve = [{"env_steps": 1000, "stand_rate": rate / 2}, {"env_steps": 2000, "stand_rate": rate}]
+        return {"final": {"stand_rate": rate}, "curve": curve} | (
+            {"kept": {"env_steps": 2000, "figures": {"stand_rate": rate}}} if kept else {}
+        )
+
+    spot = {"final": {"tracking_error_lin": 0.3, "tracking_error_ang": 0.2, "fall_rate": 0.1}}
+    spot["curve"] = [{"env_steps": 1000, **spot["final"]}]
+    tasks = {
+        "spot_joystick": {"recipes": {"a": {"seeds": {"0": spot}}}},
+        "gr1_stand": {"recipes": {"weak": {"seeds": {"0": run(0.5)}}, "strong": {"seeds": {"1": run(0.9, True)}}}},
+    }
+    fig = bench.skills_figure(tasks)
+    rows = fig.axes[:4], fig.axes[4:]
+    assert [ax.get_title() for ax in rows[0][:3]] == [
+        "spot_joystick: tracking error lin",
+        "spot_joystick: tracking error ang",
+        "spot_joystick: fall rate",
+    ]
+    assert rows[1][0].get_title() == "gr1_stand: stand rate" and not any(ax.axison for ax in rows[1][1:])
+    legend = rows[1][1].get_legend()
+    assert legend is not None and [t.get_text() for t in legend.get_texts()] == [
+        "strong (headline)",
+        "weak",
+        "seed 0",
+        "seed 1",
+        "floor",
+        "kept point, held-out episodes",
+    ]
+    widths = {tuple(line.get_ydata()): line.get_linewidth() for line in rows[1][0].get_lines()}
+    assert widths[(0.45, 0.9)] > widths[(0.25, 0.5)], "the headline recipe is drawn bold"
+    assert rows[0][3].get_legend() is not None
+
+
 @pytest.mark.slow  # trains three points' worth of a tiny CrossQ
 def test_a_run_saves_its_curve_at_every_point_so_one_cut_short_keeps_it(tmp_path: Path) -> None:
     saved: list[dict] = []
