@@ -111,6 +111,8 @@ class TrainConfig:
         self.sampler.validate()
         if self.pql.enabled and isinstance(self.agent, SACLagConfig):
             raise ValueError(f"pql.enabled: {self.algo} keeps its multiplier and cost critic in one process; use false")
+        if self.pql.enabled and self.agent.compile:
+            raise ValueError(f"{self.algo}.compile: PQL's learner processes run eager steps; use false")
         if self.pql.enabled and self.sampler.kind != "uniform":
             raise ValueError("sampler.kind: PQL learners sample uniformly; prioritized replay needs pql.enabled=false")
         if self.sampler.kind == "dspear" and self.sampler.critic_stream and self.agent.critic_head != "scalar":

@@ -65,9 +65,9 @@ class CrossQ(SAC):
         with _mode(self.actor, training=False):
             return super().target_action(next_obs)
 
-    def actor_update(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:
+    def actor_step(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:
         with _mode(self.critics(), training=False):
-            return super().actor_update(raw_obs)
+            return super().actor_step(raw_obs)
 
 
 class _mode:

@@ -114,6 +114,9 @@ class DataParallel:
     def attach(self, agent: nn.Module) -> None:
         """Make `agent` one learner across the ranks: rank 0's weights and statistics everywhere, its
         running statistics fed with every rank's rows, its gradients averaged at every step."""
+        config = getattr(agent, "config", None)
+        if getattr(config, "compile", False):
+            raise ValueError("compile: a compiled step does not average gradients over the ranks; use false")
         self.broadcast(agent)
         for module in agent.modules():
             if hasattr(module, "gather"):

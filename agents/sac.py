@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig, make_optimizer
+from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig, make_optimizer, step_optimizer
 from q2real.agents.common.exploration import NoiseRepetition
 from q2real.agents.common.networks import GaussianActor
 from q2real.sim.vec_env import StepResult
@@ -79,7 +79,8 @@ class SAC(ActorCritic):
             if config.noise_repeat
             else None
         )
-        self._alpha_loss: torch.Tensor | None = None
+        self._log_prob: torch.Tensor | None = None
+        """The actor step's log pi(a|s), detached, for the temperature's step after it."""
 
     def build_actor(self) -> nn.Module:
         cfg = self.config
@@ -103,7 +104,7 @@ class SAC(ActorCritic):
         """J_pi = E[alpha log pi(a|s) - Q(s, a)] (eq. 7), a reparameterised; then J_alpha (eq. 18)."""
         action, log_prob = self.actor.sample(obs)
         loss = self.actor_objective(obs, action, log_prob).mean()
-        self._alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        self._log_prob = log_prob.detach()
         return loss, {"alpha": self.alpha, "entropy": -log_prob.detach().mean()}
 
     def actor_objective(self, obs: torch.Tensor, action: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
@@ -114,10 +115,9 @@ class SAC(ActorCritic):
         return self.alpha * log_prob - q
 
     def after_actor_step(self) -> None:
-        self.alpha_optim.zero_grad(set_to_none=True)
-        assert self._alpha_loss is not None, "after_actor_step runs after actor_loss"
-        self.backward(self._alpha_loss, [self.log_alpha])
-        self.alpha_optim.step()
+        assert self._log_prob is not None, "after_actor_step runs after actor_loss"
+        self.backward(-(self.log_alpha * (self._log_prob + self.target_entropy)).mean(), [self.log_alpha])
+        step_optimizer(self.alpha_optim)
 
     def on_step(self, result: StepResult) -> None:
         if self.repeat is not None:

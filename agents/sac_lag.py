@@ -96,24 +96,22 @@ class SACLag(SAC):
         """a' of the cost backup: sampled from the policy, as for the reward."""
         return self.actor.sample(next_obs)[0]
 
-    def critic_update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        metrics = super().critic_update(batch)
+    def critic_step(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        metrics, td_abs = super().critic_step(batch)
         obs, next_obs = self.obs_norm(batch.obs), self.obs_norm(batch.next_obs)
         with torch.no_grad():
             next_action = self.cost_target_action(next_obs)
         loss = self.cost_critic.loss(obs, batch.action, next_obs, next_action, batch.cost, batch.discount, batch.weight)
         self._step(self.cost_optim, loss, self.cost_critic.critic)
         self.cost_critic.soft_update(self.config.tau)
-        return metrics | {"cost_critic_loss": loss.detach()}
+        return metrics | {"cost_critic_loss": loss.detach()}, td_abs
 
     def actor_objective(self, obs: torch.Tensor, action: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
         lam = self.lagrange.value
         return (super().actor_objective(obs, action, log_prob) + lam * self.cost_values(obs, action)) / (1 + lam)
 
     def actor_update(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        self.cost_critic.critic.requires_grad_(False)
         metrics = super().actor_update(raw_obs)
-        self.cost_critic.critic.requires_grad_(True)
         self.lagrange.update(self.episode_cost.average, self.episode_cost.seen)
         return metrics
 

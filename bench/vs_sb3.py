@@ -10,11 +10,12 @@ Three rows, each run in this invocation with the libraries alternating (never co
   (c) updates/s    gradient updates per second at equal batch, networks and optimizer on filled replay,
                    median of `--rounds` interleaved rounds, at Pendulum-v1's sizes and batch 256
                    (`updates_per_s_ratio`) and at the Spot skill preset's sizes and batch
-                   (`updates_per_s_ratio_spot_recipe`); q2real also with bfloat16 products
-                   (`matmul_dtype`, the `_bf16` keys), and at the Spot preset's sizes CrossQ, what
+                   (`updates_per_s_ratio_spot_recipe`), and at the Spot preset's sizes CrossQ, what
                    the preset trains, against sb3-contrib's CrossQ
-                   (`crossq_updates_per_s_ratio_spot_recipe`). `--updates-only` reruns these rows
-                   alone.
+                   (`crossq_updates_per_s_ratio_spot_recipe`). q2real runs four ways: compiled steps
+                   in float32 (`compile`, the unsuffixed keys), eager (`_eager`), and both with
+                   bfloat16 products (`matmul_dtype`, `_bf16` and `_bf16_eager`). `--updates-only`
+                   reruns these rows alone.
 Time to threshold is training wall-clock (evaluation time excluded) until the deterministic evaluation
 mean (10 episodes, every --eval-every env steps) first reaches -200 on gymnasium's Pendulum-v1. Rows
 (a) and (b) run every seed of `--seeds` on each side and report the medians. Both sides use 2 torch
@@ -157,14 +158,24 @@ def update_shapes() -> dict[str, tuple[int, int, int]]:
     return {"pendulum": (3, 1, 256), "spot_recipe": spot}
 
 
+VARIANTS: dict[str, dict[str, object]] = {
+    "": {"compile": True},
+    "_eager": {},
+    "_bf16": {"compile": True, "matmul_dtype": "bfloat16"},
+    "_bf16_eager": {"matmul_dtype": "bfloat16"},
+}
+"""q2real's sides, by the suffix of their keys: float32 compiled (the headline), float32 eager (the
+default `compile=false`), and both with bfloat16 hidden products."""
+
+
 def updates_per_second(
     obs_dim: int, action_dim: int, batch: int, seconds: float, rounds: int, crossq: bool = False
 ) -> dict[str, float]:
     """Gradient updates/s of both SACs at equal batch, (256, 256) networks and Adam on stored
-    transitions, q2real in float32 and with bfloat16 products (`matmul_dtype`), and with `crossq`
-    both CrossQs (sb3-contrib's and q2real's, each at its defaults: policy delay 3, Adam beta1 0.5,
-    batch renorm in actor and critics) at the same networks and batch, q2real's both ways; the sides
-    alternate for `rounds` rounds and each reports its median round."""
+    transitions, q2real each way of `VARIANTS`, and with `crossq` both CrossQs (sb3-contrib's and
+    q2real's, each at its defaults: policy delay 3, Adam beta1 0.5, batch renorm in actor and critics)
+    at the same networks and batch, q2real's each way; the sides alternate for `rounds` rounds and each
+    reports its median round. A warm-up call per side, untimed, holds q2real's compilation."""
     from sb3_contrib import CrossQ as SB3CrossQ
     from stable_baselines3 import SAC as SB3SAC
 
@@ -194,16 +205,14 @@ def updates_per_second(
 
         return work
 
-    sides = {
-        "sb3": peer(SB3SAC),
-        "q2real": ours(SAC, SACConfig(batch_size=batch)),
-        "q2real_bf16": ours(SAC, SACConfig(batch_size=batch, matmul_dtype="bfloat16")),
-    }
+    sides = {"sb3": peer(SB3SAC)}
+    for suffix, fields in VARIANTS.items():
+        sides[f"q2real{suffix}"] = ours(SAC, SACConfig(batch_size=batch, **fields))
     if crossq:  # what the skill recipe runs
         widths = {"net_arch": {"pi": [256, 256], "qf": [256, 256]}}  # its default critic is 1024 wide
         sides["sb3_crossq"] = peer(SB3CrossQ, policy_kwargs=widths)
-        sides["crossq"] = ours(CrossQ, CrossQConfig(batch_size=batch))
-        sides["crossq_bf16"] = ours(CrossQ, CrossQConfig(batch_size=batch, matmul_dtype="bfloat16"))
+        for suffix, fields in VARIANTS.items():
+            sides[f"crossq{suffix}"] = ours(CrossQ, CrossQConfig(batch_size=batch, **fields))
 
     def rate(work) -> float:
         count, start = 0, time.perf_counter()
@@ -219,13 +228,10 @@ def updates_per_second(
         for side, work in sides.items():
             rates[side].append(rate(work))
     median = {side: float(np.median(r)) for side, r in rates.items()}
-    ratios = {
-        "updates_per_s_ratio": median["q2real"] / median["sb3"],
-        "updates_per_s_ratio_bf16": median["q2real_bf16"] / median["sb3"],
-    }
+    ratios = {f"updates_per_s_ratio{suffix}": median[f"q2real{suffix}"] / median["sb3"] for suffix in VARIANTS}
     if crossq:
-        ratios["crossq_updates_per_s_ratio"] = median["crossq"] / median["sb3_crossq"]
-        ratios["crossq_updates_per_s_ratio_bf16"] = median["crossq_bf16"] / median["sb3_crossq"]
+        for suffix in VARIANTS:
+            ratios[f"crossq_updates_per_s_ratio{suffix}"] = median[f"crossq{suffix}"] / median["sb3_crossq"]
     return {**{f"{side}_updates_per_s": rate for side, rate in median.items()}, **ratios}
 
 
@@ -234,23 +240,17 @@ def update_rows(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
     for name, (obs_dim, action_dim, batch) in shapes.items():
         print(f"updates/s, {name}: obs {obs_dim}, actions {action_dim}, batch {batch}, {rounds} rounds ...", flush=True)
         rows[name] = updates_per_second(obs_dim, action_dim, batch, seconds, rounds, crossq=name == "spot_recipe")
-    print(
-        f"\n{'updates/s':<13}{'batch':>6}{'SB3':>8}{'q2real':>8}{'bf16':>8}{'ratio':>7}{'bf16 ratio':>11}"
-        "  CrossQ: sb3-contrib, q2real, bf16 (ratios)"
-    )
+    names = {"": "f32 compiled", "_eager": "f32 eager", "_bf16": "bf16 compiled", "_bf16_eager": "bf16 eager"}
+    print(f"\n{'updates/s':<22}{'batch':>6}{'peer':>8}" + "".join(f"{n:>16}" for n in names.values()))
     for name, row in rows.items():
-        crossq = (
-            f"{row['sb3_crossq_updates_per_s']:.1f}, {row['crossq_updates_per_s']:.1f}, "
-            f"{row['crossq_bf16_updates_per_s']:.1f} ({row['crossq_updates_per_s_ratio']:.2f}, "
-            f"{row['crossq_updates_per_s_ratio_bf16']:.2f})"
-            if "crossq_updates_per_s" in row
-            else ""
+        learners = [("SAC", "sb3", "q2real", "")] + [("CrossQ", "sb3_crossq", "crossq", "crossq_")] * (
+            "crossq_updates_per_s" in row
         )
-        print(
-            f"{name:<13}{shapes[name][2]:>6}{row['sb3_updates_per_s']:>8.1f}{row['q2real_updates_per_s']:>8.1f}"
-            f"{row['q2real_bf16_updates_per_s']:>8.1f}{row['updates_per_s_ratio']:>7.2f}"
-            f"{row['updates_per_s_ratio_bf16']:>11.2f}  {crossq}"
-        )
+        for label, peer_key, ours_key, ratio_prefix in learners:
+            rate = [row[f"{ours_key}{suffix}_updates_per_s"] for suffix in names]
+            ratio = [row[f"{ratio_prefix}updates_per_s_ratio{suffix}"] for suffix in names]
+            cells = "".join(f"{r:>8.1f} ({x:.2f}x)" for r, x in zip(rate, ratio, strict=True))
+            print(f"{name + ' ' + label:<22}{shapes[name][2]:>6}{row[f'{peer_key}_updates_per_s']:>8.1f}{cells}")
     return rows
 
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import shutil
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import nn
+from torch.optim.adam import adam
 
 from q2real.agents.common.chunk_critics import CausalChunkCritic, ChunkConfig, decoupled_loss, multi_horizon_loss
 from q2real.agents.common.heads import CategoricalHead, QuantileHead, ScalarHead
@@ -33,6 +35,11 @@ from q2real.agents.common.networks import (
 from q2real.agents.common.normalizer import Gather, ObsNormalizer, ReturnScaler, local
 from q2real.agents.common.replay import Batch
 from q2real.sim.vec_env import StepResult
+
+T = TypeVar("T")
+COMPILE_OPTIONS = {"cpp.dynamic_threads": True}
+"""Inductor settings of a compiled step. Its CPU kernels read the thread count when they run rather than
+baking in the one they were compiled with, so the training loop's thread tuning reaches them."""
 
 
 @dataclass
@@ -100,6 +107,13 @@ class ActorCriticConfig:
     actor. Averaging recent iterates' weights damps a policy that swings between good and bad from one
     evaluation to the next (Nikishin et al. 2018, "Improving Stability in Deep Reinforcement Learning
     with Weight Averaging"). 0 = off: the online actor is the policy."""
+    compile: bool = False
+    """Run each critic step and each actor step as one compiled graph (torch.compile, inductor): the
+    forward and backward passes, gradient clipping, Adam and the target networks' averaging, with the
+    elementwise work fused and no Python between operations, which on a CPU is most of an update that is
+    not a matrix product. The first update compiles (tens of seconds on a CPU, again for a new batch shape);
+    random draws inside a step come from inductor's generator, so a compiled run matches an eager one in
+    distribution, not bit for bit. CPUs need a C++ compiler; not with data-parallel training."""
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     """Action chunks: the policy predicts several actions per query and the critic values them together."""
 
@@ -167,13 +181,57 @@ def _widths(hidden: tuple[int, ...]) -> bool:
 
 
 def make_optimizer(params, lr: float, weight_decay: float, beta1: float = 0.9) -> torch.optim.Optimizer:
-    """Adam, or AdamW with weight decay; fused kernels (one launch for all tensors) where supported."""
+    """Adam, or AdamW with weight decay; fused kernels (one launch for all tensors) where supported.
+    Its state is made here, not on the first step, so a compiled step finds it (`traced_step`)."""
     params = list(params)
     fused = all(p.device.type in ("cpu", "cuda") for p in params)
     betas = (beta1, 0.999)
     if weight_decay > 0:
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
-    return torch.optim.Adam(params, lr=lr, betas=betas, fused=fused)
+        optim = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
+    else:
+        optim = torch.optim.Adam(params, lr=lr, betas=betas, fused=fused)
+    for p in params:
+        # What Adam's first step would make for these settings: a step count on the parameter's device.
+        dtype = torch.float32 if fused else torch.get_default_dtype()
+        step = torch.zeros((), dtype=dtype, device=p.device if fused else "cpu")
+        optim.state[p] = {"step": step, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+    return optim
+
+
+@torch.no_grad()
+def traced_step(optim: torch.optim.Optimizer) -> None:
+    """`optim.step()` (Adam or AdamW) as plain tensor operations that torch.compile traces into the step's
+    graph: torch.optim's own step breaks a compiled graph on purpose and its fused kernel cannot be
+    traced. The same state tensors are updated, so checkpoints do not depend on which of the two ran."""
+    for group in optim.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        states = [optim.state[p] for p in params]
+        adam(
+            params,
+            [p.grad for p in params],
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [],
+            [s["step"] for s in states],
+            foreach=True,
+            capturable=torch.compiler.is_compiling(),  # eager (a test) on a CPU refuses capturable
+            decoupled_weight_decay=isinstance(optim, torch.optim.AdamW),
+            amsgrad=False,
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )
+
+
+def step_optimizer(optim: torch.optim.Optimizer) -> None:
+    """`optim.step()`, or its traceable form inside a compiled step."""
+    if torch.compiler.is_compiling():
+        traced_step(optim)
+    else:
+        optim.step()
 
 
 class ActorCritic(nn.Module):
@@ -248,6 +306,9 @@ class ActorCritic(nn.Module):
         self.critic_optim = make_optimizer(self.critics().parameters(), config.critic_lr, config.weight_decay, beta1)
         self.actor_optim = make_optimizer(self.actor.parameters(), config.actor_lr, config.weight_decay, beta1)
         self.updates = 0
+        self._compiled: dict[str, Callable] = {}
+        if config.compile and device.type == "cpu" and not any(map(shutil.which, ("g++", "c++", "clang++"))):
+            raise ValueError("compile: inductor builds CPU kernels with a C++ compiler and none is on PATH")
 
     # --- pieces an algorithm provides -------------------------------------------------------------
     @abstractmethod
@@ -319,20 +380,35 @@ class ActorCritic(nn.Module):
         self.return_scale.update(result.reward, result.done)
         self.on_step(result)
 
-    def backward(self, loss: torch.Tensor, parameters: Iterable[nn.Parameter]) -> None:
-        """Gradients of `loss`, averaged over the ranks in data-parallel training."""
-        loss.backward()
+    def backward(self, loss: torch.Tensor, parameters: list[nn.Parameter]) -> None:
+        """Gradients of `loss` for `parameters` alone (those of the networks it also runs through, such
+        as the critics in the actor's loss, are neither computed nor stored), averaged over the ranks in
+        data-parallel training."""
+        for p in parameters:
+            p.grad = None
+        loss.backward(inputs=parameters)
         if self.average_gradients is not None:
             self.average_gradients(parameters)
 
     def _step(self, optim: torch.optim.Optimizer, loss: torch.Tensor, module: nn.Module) -> None:
-        optim.zero_grad(set_to_none=True)
-        self.backward(loss, module.parameters())
+        params = list(module.parameters())
+        self.backward(loss, params)
         if self.config.max_grad_norm > 0:
-            nn.utils.clip_grad_norm_(module.parameters(), self.config.max_grad_norm)
-        optim.step()
+            nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        step_optimizer(optim)
         if self.config.project_weights:
             project_weights(module)
+
+    def _run(self, step: Callable[..., T], *args) -> T:
+        """`step(*args)`, compiled into one graph with `compile` (see `ActorCriticConfig.compile`)."""
+        if not self.config.compile:
+            return step(*args)
+        compiled = self._compiled.get(step.__name__)
+        if compiled is None:
+            compiled = self._compiled[step.__name__] = torch.compile(step, dynamic=False, options=COMPILE_OPTIONS)
+        # Traces loss.backward() into the graph rather than ending the graph there.
+        with torch._dynamo.config.patch(trace_autograd_ops=True):  # pyright: ignore[reportPrivateImportUsage]
+            return compiled(*args)
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step, an actor step every `policy_delay` updates, then Polyak averaging."""
@@ -347,6 +423,13 @@ class ActorCritic(nn.Module):
 
     def critic_update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step on `batch` (raw observations) and the target networks' Polyak step."""
+        self.updates += 1
+        metrics, td_abs = self._run(self.critic_step, batch)
+        self.last_td_abs = td_abs  # each sample's |TD error| (scaled-reward units), for prioritized samplers
+        return metrics
+
+    def critic_step(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """What `critic_update` runs (compiled with `compile`): its metrics and each sample's |TD error|."""
         cfg = self.config
         kind = cfg.chunk.critic
         loss = ActorCritic.td_loss if kind == "qc" else multi_horizon_loss if kind == "multi" else decoupled_loss
@@ -356,9 +439,7 @@ class ActorCritic(nn.Module):
             polyak(self.critic_target, self.critic, cfg.tau)
         if self.prefix_critic is not None and self.prefix_target is not None:
             polyak(self.prefix_target, self.prefix_critic, cfg.tau)
-        self.updates += 1
-        self.last_td_abs = td_abs  # each sample's |TD error| (scaled-reward units), for prioritized samplers
-        return {"critic_loss": critic_loss.detach()}
+        return {"critic_loss": critic_loss.detach()}, td_abs
 
     def td_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The one-target TD loss of the head (a per-step, n-step or QC chunk backup) and each sample's
@@ -390,13 +471,14 @@ class ActorCritic(nn.Module):
 
     def actor_update(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:
         """One actor step (and its hook, e.g. the temperature) against the current critic."""
-        critics = self.critics()
-        critics.requires_grad_(False)
+        return self._run(self.actor_step, raw_obs)
+
+    def actor_step(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What `actor_update` runs (compiled with `compile`)."""
         actor_loss, extra = self.actor_loss(self.obs_norm(raw_obs))
         self._step(self.actor_optim, actor_loss, self.actor)
         if self.actor_average is not None:
             average_weights(self.actor_average, self.actor, self.config.actor_average)
-        critics.requires_grad_(True)
         self.after_actor_step()
         return {"actor_loss": actor_loss.detach(), **extra}
 

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from q2real.agents.common.networks import EnsembleBatchRenorm, average_weights
-from q2real.agents.common.replay import Batch
 from q2real.agents.config import TrainConfig
 from q2real.agents.crossq import CrossQ, CrossQConfig
 from q2real.agents.export import DeployPolicy, write_bundle
@@ -21,20 +20,6 @@ from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.sim import make
 
 OBS, ACT, BATCH = 3, 2, 16
-
-
-def batch(obs_dim: int, action_dim: int, seed: int = 1) -> Batch:
-    gen = torch.Generator().manual_seed(seed)
-    return Batch(
-        obs=torch.randn(BATCH, obs_dim, generator=gen),
-        action=torch.rand(BATCH, action_dim, generator=gen) * 2 - 1,
-        reward=torch.randn(BATCH, generator=gen),
-        next_obs=torch.randn(BATCH, obs_dim, generator=gen),
-        discount=torch.full((BATCH,), 0.99),
-        row=torch.arange(BATCH),
-        env=torch.zeros(BATCH, dtype=torch.long),
-        cost=torch.zeros(BATCH),
-    )
 
 
 def test_average_weights_lerps_parameters_and_statistics_and_copies_counters() -> None:
@@ -56,7 +41,7 @@ def state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in module.state_dict().items()}
 
 
-def test_each_actor_step_moves_the_average_by_its_rate_and_deterministic_actions_come_from_it() -> None:
+def test_each_actor_step_moves_the_average_by_its_rate_and_deterministic_actions_come_from_it(random_batch) -> None:
     torch.manual_seed(0)
     config = CrossQConfig(actor_hidden=(8, 8), critic_hidden=(8, 8), batch_size=BATCH, actor_average=0.25)
     agent = CrossQ(config, OBS, ACT, 1, torch.device("cpu"))
@@ -64,7 +49,7 @@ def test_each_actor_step_moves_the_average_by_its_rate_and_deterministic_actions
     assert not any(p.requires_grad for p in agent.actor_average.parameters())
     assert all(torch.equal(agent.actor_average.state_dict()[k], v) for k, v in state(agent.actor).items())
     expected = state(agent.actor_average)
-    b = batch(OBS, ACT)
+    b = random_batch(BATCH, OBS, ACT, 1)
     for _ in range(4):  # policy delay 3: actor steps after the 1st and 4th critic steps
         before = state(agent.actor)
         agent.update(b)
@@ -94,12 +79,12 @@ def test_each_actor_step_moves_the_average_by_its_rate_and_deterministic_actions
     assert agent.actor.training and not agent.actor_average.training, "modes are restored"
 
 
-def test_the_bundle_runs_the_averaged_actor(tmp_path: Path) -> None:
+def test_the_bundle_runs_the_averaged_actor(tmp_path: Path, random_batch) -> None:
     config = load(TrainConfig, None, ["algo=crossq", "crossq.actor_average=0.5", "env.num_envs=1"])
     env = make(config.env)
     try:
         agent = build_agent(config, env)
-        b = batch(env.obs_dim, env.action_dim)
+        b = random_batch(BATCH, env.obs_dim, env.action_dim, 1)
         for _ in range(4):
             agent.update(b)
         path = write_bundle(config, env, agent, 0, tmp_path / "policy.onnx")

@@ -67,8 +67,8 @@ checkpoint at step 400 falls mid-episode and mid-chunk)."""
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("algo", "extra"),
-    [("sac", ()), ("td3", ()), ("flashsac", ()), ("sac", CHUNKED)],
-    ids=["sac", "td3", "flashsac", "chunks"],
+    [("sac", ()), ("td3", ()), ("flashsac", ()), ("sac", CHUNKED), ("crossq", ("crossq.compile=true",))],
+    ids=["sac", "td3", "flashsac", "chunks", "crossq-compiled"],
 )
 def test_same_seed_same_result_and_resume_after_crash_is_exact(tmp_path: Path, algo: str, extra) -> None:
     straight = train(small(tmp_path, "a", algo, extra))

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from q2real.agents.common.actor_critic import ActorCritic
-from q2real.agents.common.replay import Batch
 from q2real.agents.config import LEARNER_CONFIGS
 from q2real.agents.learners import ALGORITHMS
 
@@ -30,20 +29,6 @@ def tiny(name: str) -> ActorCritic:
     return ALGORITHMS[algo](config, OBS, ACT, ENVS, torch.device("cpu"))
 
 
-def batch(seed: int = 0) -> Batch:
-    gen = torch.Generator().manual_seed(seed)
-    return Batch(
-        obs=torch.randn(BATCH, OBS, generator=gen),
-        action=torch.rand(BATCH, ACT, generator=gen) * 2 - 1,
-        reward=torch.randn(BATCH, generator=gen),
-        next_obs=torch.randn(BATCH, OBS, generator=gen),
-        discount=torch.full((BATCH,), 0.99),
-        row=torch.arange(BATCH),
-        env=torch.zeros(BATCH, dtype=torch.long),
-        cost=(torch.rand(BATCH, generator=gen) < 0.3).float(),
-    )
-
-
 def flat(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in module.parameters()])
 
@@ -54,9 +39,9 @@ def agent(request: pytest.FixtureRequest) -> ActorCritic:
     return tiny(request.param)
 
 
-def test_an_update_moves_critic_and_actor_with_finite_losses(agent: ActorCritic) -> None:
+def test_an_update_moves_critic_and_actor_with_finite_losses(agent: ActorCritic, random_batch) -> None:
     critic, actor = flat(agent.critic), flat(agent.actor)
-    metrics = agent.update(batch())
+    metrics = agent.update(random_batch(BATCH, OBS, ACT, 0, cost_rate=0.3))
     assert {"critic_loss", "actor_loss"} <= set(metrics)
     assert all(torch.isfinite(value).all() for value in metrics.values()), metrics
     assert not torch.equal(flat(agent.critic), critic)
@@ -64,32 +49,32 @@ def test_an_update_moves_critic_and_actor_with_finite_losses(agent: ActorCritic)
     assert agent.last_td_abs.shape == (BATCH,) and torch.isfinite(agent.last_td_abs).all()
 
 
-def test_the_target_critic_is_the_polyak_average(agent: ActorCritic) -> None:
+def test_the_target_critic_is_the_polyak_average(agent: ActorCritic, random_batch) -> None:
     if not agent.config.target_network:
         assert agent.critic_target is None  # CrossQ bootstraps from the online critic
         return
     assert agent.critic_target is not None
     target_before = flat(agent.critic_target)
-    agent.critic_update(batch())
+    agent.critic_update(random_batch(BATCH, OBS, ACT, 0, cost_rate=0.3))
     tau = agent.config.tau
     expected = (1 - tau) * target_before + tau * flat(agent.critic)
     torch.testing.assert_close(flat(agent.critic_target), expected)
 
 
-def test_the_actor_steps_every_policy_delay_critic_updates(agent: ActorCritic) -> None:
+def test_the_actor_steps_every_policy_delay_critic_updates(agent: ActorCritic, random_batch) -> None:
     due = []
     for i in range(6):
-        agent.critic_update(batch(i))
+        agent.critic_update(random_batch(BATCH, OBS, ACT, i, cost_rate=0.3))
         due.append(agent.actor_due())
     delay = agent.config.policy_delay
     assert due == [i % delay == 0 for i in range(6)]
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_save_and_load_round_trip_continues_identically(name: str) -> None:
+def test_save_and_load_round_trip_continues_identically(name: str, random_batch) -> None:
     agent = tiny(name)
     for i in range(3):
-        agent.update(batch(i))
+        agent.update(random_batch(BATCH, OBS, ACT, i, cost_rate=0.3))
     buffer = io.BytesIO()
     optimizers = {key: optim.state_dict() for key, optim in agent.optimizers().items()}
     torch.save({"agent": agent.state_dict(), "extra": agent.extra_state(), "optimizers": optimizers}, buffer)
@@ -103,6 +88,6 @@ def test_save_and_load_round_trip_continues_identically(name: str) -> None:
     fresh.updates = agent.updates
     for model in (agent, fresh):
         torch.manual_seed(7)
-        model.update(batch(9))
+        model.update(random_batch(BATCH, OBS, ACT, 9, cost_rate=0.3))
     # Every parameter and buffer: networks, targets, normalization statistics.
     torch.testing.assert_close(fresh.state_dict(), agent.state_dict(), rtol=0, atol=0)
