@@ -16,7 +16,7 @@ import shutil
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -37,7 +37,7 @@ from q2real.agents.common.replay import Batch
 from q2real.sim.vec_env import StepResult
 
 T = TypeVar("T")
-COMPILE_OPTIONS = {"cpp.dynamic_threads": True}
+COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"cpp.dynamic_threads": True}
 """Inductor settings of a compiled step. Its CPU kernels read the thread count when they run rather than
 baking in the one they were compiled with, so the training loop's thread tuning reaches them."""
 

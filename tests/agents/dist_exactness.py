@@ -9,7 +9,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-from test_updates import ACT, OBS, batch  # beside this script, which torchrun runs from its own folder
+from conftest import make_batch  # beside this script, which torchrun runs from its own folder
+from test_updates import ACT, BATCH, OBS
 
 from q2real.agents.common.replay import Batch
 from q2real.agents.distributed import DataParallel, Ranks
@@ -23,8 +24,8 @@ def main() -> None:
     agent = TD3(TD3Config(target_noise=0.0, policy_delay=1), OBS, ACT, 1, torch.device("cpu"))
     single = copy.deepcopy(agent)
     DataParallel(ranks, torch.device("cpu")).attach(agent)
-    mine = batch(ranks.rank)
-    first, second = batch(0), batch(1)
+    mine = make_batch(BATCH, OBS, ACT, ranks.rank, cost_rate=0.3)
+    first, second = (make_batch(BATCH, OBS, ACT, seed, cost_rate=0.3) for seed in (0, 1))
     fields = ("obs", "action", "reward", "next_obs", "discount", "row", "env", "cost")
     both = Batch(**{name: torch.cat([getattr(first, name), getattr(second, name)]) for name in fields})
     worst = 0.0
