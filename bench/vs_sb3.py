@@ -158,14 +158,14 @@ def update_shapes() -> dict[str, tuple[int, int, int]]:
     return {"pendulum": (3, 1, 256), "spot_recipe": spot}
 
 
-VARIANTS: dict[str, dict[str, object]] = {
-    "": {"compile": True},
-    "_eager": {},
-    "_bf16": {"compile": True, "matmul_dtype": "bfloat16"},
-    "_bf16_eager": {"matmul_dtype": "bfloat16"},
+VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
+    "": ("f32 compiled", {"compile": True}),
+    "_eager": ("f32 eager", {}),
+    "_bf16": ("bf16 compiled", {"compile": True, "matmul_dtype": "bfloat16"}),
+    "_bf16_eager": ("bf16 eager", {"matmul_dtype": "bfloat16"}),
 }
-"""q2real's sides, by the suffix of their keys: float32 compiled (the headline), float32 eager (the
-default `compile=false`), and both with bfloat16 hidden products."""
+"""q2real's sides, by the suffix of their keys: (table label, learner settings). Float32 compiled (the
+headline), float32 eager (the default `compile=false`), and both with bfloat16 hidden products."""
 
 
 def updates_per_second(
@@ -206,12 +206,12 @@ def updates_per_second(
         return work
 
     sides = {"sb3": peer(SB3SAC)}
-    for suffix, fields in VARIANTS.items():
+    for suffix, (_, fields) in VARIANTS.items():
         sides[f"q2real{suffix}"] = ours(SAC, SACConfig(batch_size=batch, **fields))
     if crossq:  # what the skill recipe runs
         widths = {"net_arch": {"pi": [256, 256], "qf": [256, 256]}}  # its default critic is 1024 wide
         sides["sb3_crossq"] = peer(SB3CrossQ, policy_kwargs=widths)
-        for suffix, fields in VARIANTS.items():
+        for suffix, (_, fields) in VARIANTS.items():
             sides[f"crossq{suffix}"] = ours(CrossQ, CrossQConfig(batch_size=batch, **fields))
 
     def rate(work) -> float:
@@ -240,15 +240,14 @@ def update_rows(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
     for name, (obs_dim, action_dim, batch) in shapes.items():
         print(f"updates/s, {name}: obs {obs_dim}, actions {action_dim}, batch {batch}, {rounds} rounds ...", flush=True)
         rows[name] = updates_per_second(obs_dim, action_dim, batch, seconds, rounds, crossq=name == "spot_recipe")
-    names = {"": "f32 compiled", "_eager": "f32 eager", "_bf16": "bf16 compiled", "_bf16_eager": "bf16 eager"}
-    print(f"\n{'updates/s':<22}{'batch':>6}{'peer':>8}" + "".join(f"{n:>16}" for n in names.values()))
+    print(f"\n{'updates/s':<22}{'batch':>6}{'peer':>8}" + "".join(f"{label:>16}" for label, _ in VARIANTS.values()))
     for name, row in rows.items():
         learners = [("SAC", "sb3", "q2real", "")] + [("CrossQ", "sb3_crossq", "crossq", "crossq_")] * (
             "crossq_updates_per_s" in row
         )
         for label, peer_key, ours_key, ratio_prefix in learners:
-            rate = [row[f"{ours_key}{suffix}_updates_per_s"] for suffix in names]
-            ratio = [row[f"{ratio_prefix}updates_per_s_ratio{suffix}"] for suffix in names]
+            rate = [row[f"{ours_key}{suffix}_updates_per_s"] for suffix in VARIANTS]
+            ratio = [row[f"{ratio_prefix}updates_per_s_ratio{suffix}"] for suffix in VARIANTS]
             cells = "".join(f"{r:>8.1f} ({x:.2f}x)" for r, x in zip(rate, ratio, strict=True))
             print(f"{name + ' ' + label:<22}{shapes[name][2]:>6}{row[f'{peer_key}_updates_per_s']:>8.1f}{cells}")
     return rows

@@ -190,9 +190,10 @@ def make_optimizer(params, lr: float, weight_decay: float, beta1: float = 0.9) -
         optim = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
     else:
         optim = torch.optim.Adam(params, lr=lr, betas=betas, fused=fused)
+    # What Adam's first step would make for these settings: fused, a float32 step count on the
+    # parameter's device; otherwise one on the CPU in the default dtype.
+    dtype = torch.float32 if fused else torch.get_default_dtype()
     for p in params:
-        # What Adam's first step would make for these settings: a step count on the parameter's device.
-        dtype = torch.float32 if fused else torch.get_default_dtype()
         step = torch.zeros((), dtype=dtype, device=p.device if fused else "cpu")
         optim.state[p] = {"step": step, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
     return optim
