@@ -23,9 +23,10 @@ again on other seeded episodes and randomized robots (`HELD_OUT_SEED`), because 
 noisy points overstates itself on the episodes it was picked on. A run's figures are its delivered
 policy's: the kept point's held-out ones, or the last point's.
 
-Headline keys (per task, the recipe whose median over its seeds of each seed's delivered figures falls
-least short of the floors, by the worst figure's ratio to its floor, so that a run tracking better
-while falling far more does not outrank one that stays up; that recipe's medians):
+Headline keys (per task, of the recipes run with 3 seeds or more, or of all while none has 3, the
+recipe whose median over its seeds of each seed's delivered figures falls least short of the floors,
+by the worst figure's ratio to its floor, so that a run tracking better while falling far more does
+not outrank one that stays up; that recipe's medians):
 `spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`, `gr1_stand_rate`,
 `push_success`; per run also `env_steps`, `updates`, `seconds`. A run on a BC base
 (`residual.base=`) first judges the base alone on the same episodes; `push_residual_over_bc` is the
@@ -391,22 +392,34 @@ def best_run(task: str, recipes: dict[str, dict]) -> tuple[str, str]:
     )
 
 
+HEADLINE_SEEDS = 3
+"""Seeds a recipe needs before the headline ranks it: one lucky seed must not speak for a recipe."""
+
+
+def ranked(recipes: dict[str, dict]) -> dict[str, dict]:
+    """The recipes the headline ranks: those with `HEADLINE_SEEDS` seeds or more, or all of them while
+    none has that many."""
+    return {name: r for name, r in recipes.items() if len(r["seeds"]) >= HEADLINE_SEEDS} or recipes
+
+
 def median(runs: dict[str, dict], figure: Callable[[dict[str, float]], float]) -> float:
     return statistics.median(figure(delivered(run)) for run in runs.values())
 
 
 def headline(tasks: dict[str, dict]) -> dict[str, object]:
-    """Per task, the recipe whose median shortfall over its seeds is smallest, with its median figures."""
+    """Per task, the recipe whose median shortfall over its seeds is smallest (of those `ranked`), with
+    its median figures."""
     out: dict[str, object] = {}
     for task, data in tasks.items():
         skill = SKILLS_BY_TASK[task]
         recipes = data["recipes"]
-        recipe = best({name: median(r["seeds"], skill.shortfall) for name, r in recipes.items()})
+        recipe = best({name: median(r["seeds"], skill.shortfall) for name, r in ranked(recipes).items()})
         for key, figure in skill.headline.items():
             out[key] = median(recipes[recipe]["seeds"], lambda final, figure=figure: final[figure])
         out[f"{task}_recipe"] = recipe
         # Residual runs against their own bases: the best-ranked recipe among those that have one.
         over = {name: r for name, r in recipes.items() if all(run.get("base") for run in r["seeds"].values())}
+        over = ranked(over)
         if over and skill.over_base:
             recipe = best({name: median(r["seeds"], skill.shortfall) for name, r in over.items()})
             for key, figure in skill.over_base.items():

@@ -85,7 +85,7 @@ def test_a_residual_is_judged_against_its_own_base_and_runs_without_one_do_not_c
         return {"final": {"success": success}, "base": None if base is None else {"success": base}}
 
     recipes = {
-        "rlpd": {"seeds": {"0": run(0.7, None), "1": run(0.6, None)}},  # the best, but has no base
+        "rlpd": {"seeds": {"0": run(0.7, None), "1": run(0.6, None), "2": run(0.65, None)}},  # best, no base
         "residual": {"seeds": {"0": run(0.3, 0.1), "1": run(0.4, 0.1), "2": run(0.2, 0.25)}},
         "residual_small": {"seeds": {"0": run(0.1, 0.05)}},  # a higher ratio, a worse run
     }
@@ -94,6 +94,19 @@ def test_a_residual_is_judged_against_its_own_base_and_runs_without_one_do_not_c
     assert figures["push_residual_over_bc"] == pytest.approx(3.0), "median of 3.0, 4.0 and 0.8"
     assert figures["panda_push_residual_recipe"] == "residual"
     assert "push_residual_over_bc" not in bench.headline({"panda_push": {"recipes": {"rlpd": recipes["rlpd"]}}})
+
+
+def test_the_headline_ranks_only_recipes_with_three_seeds_once_one_has_them() -> None:
+    bench = skills_bench()
+
+    def run(rate: float) -> dict:
+        return {"final": {"stand_rate": rate}}
+
+    recipes = {"lucky": {"seeds": {"0": run(1.0)}}, "steady": {"seeds": {"0": run(0.8), "1": run(0.9)}}}
+    assert bench.headline({"gr1_stand": {"recipes": recipes}})["gr1_stand_recipe"] == "lucky", "none has 3 yet"
+    recipes["steady"]["seeds"]["2"] = run(0.95)
+    assert bench.headline({"gr1_stand": {"recipes": recipes}}) == {"gr1_stand_rate": 0.9, "gr1_stand_recipe": "steady"}
+    assert bench.best_run("gr1_stand", recipes) == ("lucky", "0"), "the bundle is still the best single run"
 
 
 def test_a_run_that_keeps_its_best_point_is_judged_by_that_point_on_held_out_episodes() -> None:
