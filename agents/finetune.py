@@ -59,6 +59,9 @@ class FinetuneConfig:
     checkpoint_every: int = 2_500
     threads: int = 1
     """torch CPU threads of the learner: one, so it does not slow a control loop beside it."""
+    compile: bool = False
+    """Compiled learner steps (the learner's `compile`), whatever the run trained with: off by default,
+    because the first update then waits tens of seconds and a robot computer may have no C++ compiler."""
     seed: int = 1
     reward: Literal["task", "topic"] = "task"
     """On the robot (`q2real deploy --finetune`): `task`, the task's own reward computed from what the
@@ -94,6 +97,7 @@ def handoff_config(config: FinetuneConfig, run: TrainConfig) -> TrainConfig:
         checkpoint_every=config.checkpoint_every,
         stop_return=None,
         threads=config.threads,
+        agent=dataclasses.replace(run.agent, compile=config.compile),
         init_from=None,  # the job starts from the run itself (`build_agent`), not from where the run began
     )
 

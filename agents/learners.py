@@ -96,9 +96,11 @@ def load_learner(agent: ActorCritic, run_dir: Path, config: TrainConfig) -> dict
 
 
 def restore_agent(run_dir: Path, config: TrainConfig, env: VecEnv) -> tuple[ActorCritic, int]:
-    """The run's agent for `env` from its checkpoint, in eval mode, and the env step it was saved at."""
+    """The run's agent for `env` from its checkpoint, in eval mode, and the env step it was saved at.
+    It only acts, so a run trained with compiled steps restores without them (and without the C++
+    compiler they need)."""
     path = run_dir / CHECKPOINT
-    agent = build_agent(config, env)
+    agent = build_agent(dataclasses.replace(config, agent=dataclasses.replace(config.agent, compile=False)), env)
     state = load_checkpoint(path, env.device)
     check_agent_checkpoint(path, state, config, agent)
     agent.load_state_dict(state["agent"])

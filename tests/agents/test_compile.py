@@ -9,10 +9,13 @@ import pytest
 import torch
 
 from q2real.agents.common.actor_critic import make_optimizer, traced_step
-from q2real.agents.config import TrainConfig
+from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.crossq import CrossQ, CrossQConfig
+from q2real.agents.finetune import FinetuneConfig, handoff_config
+from q2real.agents.learners import restore_agent
 from q2real.agents.sac import SAC, SACConfig
 from q2real.configs.loader import load
+from q2real.sim import make
 
 OBS, ACT, BATCH = 5, 2, 32
 
@@ -52,6 +55,24 @@ def test_the_optimizer_state_made_up_front_is_what_adams_first_step_would_make()
 def test_compile_is_refused_with_pql_by_name() -> None:
     with pytest.raises(ValueError, match=r"sac\.compile: PQL"):
         load(TrainConfig, None, ["algo=sac", "sac.compile=true", "pql.enabled=true"])
+
+
+def test_a_compiled_run_acts_without_a_compiler_and_fine_tunes_compiled_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, pendulum_run
+) -> None:
+    run = load_run_config(pendulum_run)
+    run = dataclasses.replace(run, agent=dataclasses.replace(run.agent, compile=True))
+    monkeypatch.setattr("shutil.which", lambda _: None)  # a robot computer without g++
+    with pytest.raises(ValueError, match="compile: .* C\\+\\+ compiler"):
+        SAC(run.agent, OBS, ACT, 1, torch.device("cpu"))
+    env = make(dataclasses.replace(run.env, num_envs=1))
+    try:
+        agent, _ = restore_agent(pendulum_run, run, env)  # what export, evaluation and the gate do
+    finally:
+        env.close()
+    assert not agent.config.compile
+    assert not handoff_config(FinetuneConfig(run=str(pendulum_run)), run).agent.compile
+    assert handoff_config(FinetuneConfig(run=str(pendulum_run), compile=True), run).agent.compile
 
 
 @pytest.mark.slow  # compiles two graphs per learner, tens of seconds each on two cores
