@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
-from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig
 from q2real.agents.common.checkpoint import CHECKPOINT, check_config, check_shapes, load_checkpoint
 from q2real.agents.config import TrainConfig
 from q2real.agents.coxq import COXQ
@@ -18,6 +19,8 @@ from q2real.agents.sac_lag import SACLag
 from q2real.agents.td3 import TD3
 from q2real.configs.loader import to_dict
 from q2real.sim import VecEnv
+
+C = TypeVar("C", bound=ActorCriticConfig)
 
 ALGORITHMS: dict[str, type[ActorCritic]] = {
     "sac": SAC,
@@ -95,12 +98,16 @@ def load_learner(agent: ActorCritic, run_dir: Path, config: TrainConfig) -> dict
     return state
 
 
+def acting(config: C) -> C:
+    """A learner's settings for an agent that only acts (evaluation, the gate, export): without compiled
+    steps, which only updates run and which need a C++ compiler."""
+    return dataclasses.replace(config, compile=False)
+
+
 def restore_agent(run_dir: Path, config: TrainConfig, env: VecEnv) -> tuple[ActorCritic, int]:
-    """The run's agent for `env` from its checkpoint, in eval mode, and the env step it was saved at.
-    It only acts, so a run trained with compiled steps restores without them (and without the C++
-    compiler they need)."""
+    """The run's agent for `env` from its checkpoint, in eval mode, and the env step it was saved at."""
     path = run_dir / CHECKPOINT
-    agent = build_agent(dataclasses.replace(config, agent=dataclasses.replace(config.agent, compile=False)), env)
+    agent = build_agent(dataclasses.replace(config, agent=acting(config.agent)), env)
     state = load_checkpoint(path, env.device)
     check_agent_checkpoint(path, state, config, agent)
     agent.load_state_dict(state["agent"])

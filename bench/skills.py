@@ -23,7 +23,7 @@ again on other seeded episodes and randomized robots (`HELD_OUT_SEED`), because 
 noisy points overstates itself on the episodes it was picked on. A run's figures are its delivered
 policy's: the kept point's held-out ones, or the last point's.
 
-Headline keys (per task, of the recipes run with 3 seeds or more, or of all while none has 3, the
+Headline keys (per task, of the recipes with 3 finished seeds or more, or of all while none has 3, the
 recipe whose median over its seeds of each seed's delivered figures falls least short of the floors,
 by the worst figure's ratio to its floor, so that a run tracking better while falling far more does
 not outrank one that stays up; that recipe's medians):
@@ -397,9 +397,13 @@ HEADLINE_SEEDS = 3
 
 
 def ranked(recipes: dict[str, dict]) -> dict[str, dict]:
-    """The recipes the headline ranks: those with `HEADLINE_SEEDS` seeds or more, or all of them while
-    none has that many."""
-    return {name: r for name, r in recipes.items() if len(r["seeds"]) >= HEADLINE_SEEDS} or recipes
+    """The recipes the headline ranks: those with `HEADLINE_SEEDS` finished seeds or more (a run under
+    way or cut short does not count), or all of them while none has that many."""
+
+    def finished(recipe: dict) -> int:
+        return sum(run.get("complete", True) for run in recipe["seeds"].values())
+
+    return {name: r for name, r in recipes.items() if finished(r) >= HEADLINE_SEEDS} or recipes
 
 
 def median(runs: dict[str, dict], figure: Callable[[dict[str, float]], float]) -> float:

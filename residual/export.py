@@ -17,7 +17,7 @@ from torch import nn
 
 from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
 from q2real.agents.export import CommandGraph, agent_metadata, write_graph
-from q2real.agents.learners import check_agent_checkpoint
+from q2real.agents.learners import acting, check_agent_checkpoint
 from q2real.agents.sac import SACConfig
 from q2real.configs.loader import load, to_dict
 from q2real.residual.base_env import BaseActionEnv
@@ -47,7 +47,13 @@ def load_residual_run(run_dir: Path) -> tuple[ResidualTrainConfig, VecEnv, Resid
     try:
         assert isinstance(config.agent, SACConfig)
         agent = ResidualSAC(
-            config.agent, env.obs_dim, env.action_dim, config.env.num_envs, env.device, config.residual, base_dim
+            acting(config.agent),
+            env.obs_dim,
+            env.action_dim,
+            config.env.num_envs,
+            env.device,
+            config.residual,
+            base_dim,
         )
         path = run_dir / CHECKPOINT
         state = load_checkpoint(path, "cpu")

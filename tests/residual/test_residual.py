@@ -198,6 +198,22 @@ def test_refuses_a_base_or_demos_made_for_other_settings(tmp_path: Path, reach_b
         ResidualTrainer(no_base)
 
 
+@pytest.mark.slow  # a short residual run and an export
+def test_a_residual_run_trained_compiled_exports_without_a_compiler(
+    tmp_path: Path, reach_base: Path, reach_demos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = ResidualTrainer(_config(tmp_path, reach_base, reach_demos))
+    trainer.run()
+    config_file = trainer.path / "config.yaml"
+    config_file.write_text(config_file.read_text().replace("  compile: false", "  compile: true"))
+    assert "compile: true" in config_file.read_text()
+    monkeypatch.setattr("shutil.which", lambda _: None)  # what the gate and export meet on a robot computer
+    PolicyBundle(export_residual(trainer.path))  # exports, and the bundle loads
+    _, env, agent, _, _ = load_residual_run(trainer.path)
+    env.close()
+    assert not agent.config.compile
+
+
 @pytest.mark.slow  # a short residual run and an export: about 4 s alone, over the fast tier's guard when loaded
 def test_one_graph_bundle_matches_torch(tmp_path: Path, reach_base: Path, reach_demos: Path) -> None:
     trainer = ResidualTrainer(_config(tmp_path, reach_base, reach_demos))

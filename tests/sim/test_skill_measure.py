@@ -104,9 +104,22 @@ def test_the_headline_ranks_only_recipes_with_three_seeds_once_one_has_them() ->
 
     recipes = {"lucky": {"seeds": {"0": run(1.0)}}, "steady": {"seeds": {"0": run(0.8), "1": run(0.9)}}}
     assert bench.headline({"gr1_stand": {"recipes": recipes}})["gr1_stand_recipe"] == "lucky", "none has 3 yet"
-    recipes["steady"]["seeds"]["2"] = run(0.95)
+    recipes["steady"]["seeds"]["2"] = run(0.95) | {"complete": False}
+    assert bench.headline({"gr1_stand": {"recipes": recipes}})["gr1_stand_recipe"] == "lucky", "one under way"
+    recipes["steady"]["seeds"]["2"]["complete"] = True
     assert bench.headline({"gr1_stand": {"recipes": recipes}}) == {"gr1_stand_rate": 0.9, "gr1_stand_recipe": "steady"}
     assert bench.best_run("gr1_stand", recipes) == ("lucky", "0"), "the bundle is still the best single run"
+
+    def residual(success: float) -> dict:
+        return {"final": {"success": success}, "base": {"success": 0.1}}
+
+    push = {  # the residual figure too comes from the recipe with three seeds
+        "lucky_residual": {"seeds": {"0": residual(0.9)}},
+        "residual": {"seeds": {str(seed): residual(0.3) for seed in range(3)}},
+    }
+    figures = bench.headline({"panda_push": {"recipes": push}})
+    assert figures["panda_push_residual_recipe"] == "residual"
+    assert figures["push_residual_over_bc"] == pytest.approx(3.0)
 
 
 def test_a_run_that_keeps_its_best_point_is_judged_by_that_point_on_held_out_episodes() -> None:
