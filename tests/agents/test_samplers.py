@@ -42,7 +42,12 @@ def test_every_node_is_the_sum_of_its_children_after_any_batch_updates(size, upd
 
 
 @settings(max_examples=20, deadline=None)
-@given(priorities=st.lists(st.floats(0, 10, allow_nan=False), min_size=2, max_size=40), compiled=st.booleans())
+@given(
+    # Priorities are (|delta| + eps)^alpha, never subnormal: with a subnormal total, u * total has too few
+    # bits left to split the mass (two slots of 5e-324 drew 25 % and 75 %).
+    priorities=st.lists(st.floats(0, 10, allow_nan=False, allow_subnormal=False), min_size=2, max_size=40),
+    compiled=st.booleans(),
+)
 def test_sampling_frequencies_follow_priorities(priorities, compiled) -> None:
     p = torch.tensor(priorities, dtype=torch.float64)
     if p.sum() <= 0:
