@@ -422,8 +422,7 @@ def headline(tasks: dict[str, dict]) -> dict[str, object]:
             out[key] = median(recipes[recipe]["seeds"], lambda final, figure=figure: final[figure])
         out[f"{task}_recipe"] = recipe
         # Residual runs against their own bases: the best-ranked recipe among those that have one.
-        over = {name: r for name, r in recipes.items() if all(run.get("base") for run in r["seeds"].values())}
-        over = ranked(over)
+        over = ranked({name: r for name, r in recipes.items() if all(run.get("base") for run in r["seeds"].values())})
         if over and skill.over_base:
             recipe = best({name: median(r["seeds"], skill.shortfall) for name, r in over.items()})
             for key, figure in skill.over_base.items():
