@@ -36,6 +36,7 @@ _ROBOT_ARRAYS = {
     "default_position": "default_pose",
     "kp": "kp",
     "kd": "kd",
+    "stop_deceleration": "stop_decelerations",
 }
 """JointSpec field -> the per-joint list in a bundle's robot section that holds it."""
 
@@ -213,6 +214,7 @@ def robot_from_metadata(meta: dict, source: str, control_period: float | None = 
     columns["position_limits"] = [
         (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi)) for lo, hi in limits
     ]
+    columns["stop_decelerations"] = _stop_decelerations(robot, act_dim, source)
     joints = [{field: columns[key][i] for field, key in _ROBOT_ARRAYS.items()} for i in range(act_dim)]
     digest = _get(meta, "robot.sha256", str, source)
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
@@ -239,6 +241,19 @@ def robot_from_metadata(meta: dict, source: str, control_period: float | None = 
         )
     except SpecError as err:
         raise BundleError(str(err)) from err
+
+
+def _stop_decelerations(robot: dict, act_dim: int, source: str) -> list[float]:
+    """Per joint, null (or a bundle written before stops had a deceleration) means at once."""
+    values = robot.get("stop_decelerations")
+    if values is None:
+        return [math.inf] * act_dim
+    if not isinstance(values, list) or len(values) != act_dim or not all(v is None or _finite(v) for v in values):
+        raise BundleError(
+            f"{source}: metadata.robot.stop_decelerations: expected {act_dim} entries, each a number or null "
+            f"(stop at once), got {brief(values)}"
+        )
+    return [math.inf if v is None else float(v) for v in values]
 
 
 def _check_action_range(robot: RobotSpec, scale: list[float], offset: list[float], source: str) -> None:
@@ -305,6 +320,7 @@ def robot_metadata(spec: RobotSpec) -> dict[str, Any]:
         "effort_limits": spec.array("effort_limit").tolist(),
         "kp": spec.array("kp").tolist(),
         "kd": spec.array("kd").tolist(),
+        "stop_decelerations": [x if math.isfinite(x) else None for x in spec.array("stop_deceleration").tolist()],
         "imu": {"site": spec.imu.site, "rotation": list(spec.imu.rotation)} if spec.imu else None,
     }
 

@@ -27,7 +27,11 @@ CONTROL_MODES = ("torque", "position")
 ROBOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _TOP_KEYS = {"name", "model", "control_mode", "control_period", "joints", "imu", "payload"}
 _IMU_KEYS = {"site", "rotation"}
-_JOINT_KEYS = {"name", "position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd"}
+
+
+JOINT_FACTS = ("position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd", "stop_deceleration")
+"""The per-joint fields besides the name, in `JointSpec` order."""
+_JOINT_KEYS = {"name", *JOINT_FACTS}
 
 
 class SpecError(Q2RealError, ValueError):
@@ -51,6 +55,11 @@ class JointSpec:
     """PD stiffness for position control; 0 for torque-controlled joints."""
     kd: float
     """PD damping for position control; 0 for torque-controlled joints."""
+    stop_deceleration: float = math.inf
+    """Deceleration (rad/s^2 or m/s^2) at which a stop (HOLD, ESTOP) brings the commanded motion of a
+    position-controlled joint to rest; inf (the default, the key left out): the target is latched at
+    once. A drive whose controller refuses a jump in commanded velocity (Franka's joint position
+    interface checks acceleration) needs its datasheet's value here."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,9 @@ def _joint(data: dict[str, Any], i: int, control_mode: str, locate: Locate) -> J
         raise SpecError(f"{where('kp')}: position-controlled joints need kp > 0, got {kp}")
     velocity = _require(data, "velocity_limit", where(""))
     effort = _require(data, "effort_limit", where(""))
+    stop = _number(data.get("stop_deceleration", math.inf), where("stop_deceleration"))
+    if not stop > 0:
+        raise SpecError(f"{where('stop_deceleration')}: expected a number > 0 (inf: stop at once), got {stop}")
     return JointSpec(
         name=name,
         position_limits=(lo, hi),
@@ -179,6 +191,7 @@ def _joint(data: dict[str, Any], i: int, control_mode: str, locate: Locate) -> J
         default_position=default,
         kp=kp,
         kd=kd,
+        stop_deceleration=stop,
     )
 
 
@@ -246,7 +259,7 @@ def differences(a: RobotSpec, b: RobotSpec) -> list[str]:
     if a.joint_names != b.joint_names:
         return [*found, f"joint_names: {a.joint_names!r:.200} vs {b.joint_names!r:.200}"]
     for ja, jb in zip(a.joints, b.joints, strict=True):
-        for key in ("position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd"):
+        for key in JOINT_FACTS:
             if getattr(ja, key) != getattr(jb, key):
                 found.append(f"joints.{ja.name}.{key}: {getattr(ja, key)} vs {getattr(jb, key)}")
     return found
@@ -254,7 +267,7 @@ def differences(a: RobotSpec, b: RobotSpec) -> list[str]:
 
 def tighter(trained: RobotSpec, local: RobotSpec) -> RobotSpec:
     """The robot both descriptions allow: the narrower position window and the lower velocity and
-    effort limits per joint, with this machine's default pose and gains; for running a policy on a
+    effort limits per joint, with this machine's default pose, gains and stop deceleration; for running a policy on a
     robot whose spec differs from the one it was trained with. Joints and control mode must agree."""
     if trained.joint_names != local.joint_names or trained.control_mode != local.control_mode:
         raise SpecError(

@@ -59,11 +59,12 @@ from q2real.safety.shield import (
     OFFSET,
     INV_SCALE,
     HOLD_KD,
-) = range(16)
+    BRAKE,
+) = range(17)
 # The scalar `settings`.
 TOL, V_FAULT, AGE, CLIP, MAX_MISSES, MAX_BAD, RAMP_TIME, DT, TORQUE, HOLD_FALLBACK = range(10)
 # Rows of the joint `state`, the `inputs` and the `outputs`.
-Q, QD, PREV, RAMP_FROM, SCRATCH = range(5)
+Q, QD, PREV, RAMP_FROM, SCRATCH, LAST_STEP = range(6)
 Q_IN, QD_IN, ACTION = range(3)
 POS, GAIN_P, GAIN_D, EFFORT = range(4)
 # Slots of the integer and the float state, `ints` and `floats`.
@@ -277,8 +278,8 @@ def read(limits, settings, state, ints, floats, inputs, parse, stamp, now, actio
 
 @_jit((*_STATE, _table, _table, numba.int64, numba.boolean))
 def command(limits, settings, state, ints, inputs, outputs, flags, usable):
-    """The policy's command (RUN) or the ramp's, then the soft position window and the rate limit:
-    `tick` after `_action`, and `_finish` up to the workspace check."""
+    """The policy's command (RUN) or the ramp's, then the soft position window and the rate limit, or a
+    stop's target: `tick` after `_action`, and `_finish` up to the workspace check."""
     n = limits.shape[1]
     mode = ints[MODE]
     torque = settings[TORQUE] != 0.0
@@ -317,9 +318,18 @@ def command(limits, settings, state, ints, inputs, outputs, flags, usable):
             outputs[GAIN_D, i] = 0.0 if passive else limits[HOLD_KD, i]
             outputs[POS, i] = clip(q, limits[HARD_LO, i], limits[HARD_HI, i])
         return flags
+    stopping = mode == HOLD or mode == ESTOP
     for i in range(n):
         outputs[GAIN_P, i] = limits[KP, i]
         outputs[GAIN_D, i] = limits[KD, i]
+        if stopping:
+            previous, step = state[PREV, i], state[LAST_STEP, i]
+            left = maximum(abs(step) - limits[BRAKE, i], 0.0)
+            target = previous + clip(step, -left, left)
+            lo = minimum(previous, limits[SOFT_LO, i])
+            hi = maximum(previous, limits[SOFT_HI, i])
+            outputs[POS, i] = clip(target, lo, hi)
+            continue
         target = outputs[POS, i]
         soft = clip(target, limits[SOFT_LO, i], limits[SOFT_HI, i])
         if soft != target:
@@ -335,13 +345,14 @@ def command(limits, settings, state, ints, inputs, outputs, flags, usable):
 
 @_jit((*_STATE, _ints, _row, _table, _table, numba.int64))
 def finish(limits, settings, state, ints, counts, change, inputs, outputs, flags):
-    """`_finish` after the workspace check: the effort window, the gains, the torque limits, the
-    counters and the new previous target."""
+    """`_finish` after the workspace check: the effort window (not while stopping), the gains, the
+    torque limits, the counters, the last step and the new previous target."""
     n = limits.shape[1]
     mode = ints[MODE]
     torque = settings[TORQUE] != 0.0
     has_q = ints[HAS_Q] != 0
-    if stiff(mode, settings[HOLD_FALLBACK] != 0.0, torque):
+    is_stiff = stiff(mode, settings[HOLD_FALLBACK] != 0.0, torque)
+    if is_stiff and not (mode == HOLD or mode == ESTOP):
         for i in range(n):
             q = state[Q, i] if has_q else state[PREV, i]
             qd = state[QD, i] if has_q else 0.0
@@ -387,6 +398,7 @@ def finish(limits, settings, state, ints, counts, change, inputs, outputs, flags
             if damping > me:
                 outputs[GAIN_D, i] = kd * me / maximum(damping, 1e-12)
     for i in range(n):
+        state[LAST_STEP, i] = outputs[POS, i] - state[PREV, i] if is_stiff else 0.0
         state[PREV, i] = outputs[POS, i]
     counts[TICKS] += 1
     if mode == RUN:
@@ -450,7 +462,7 @@ class Shield(ReferenceShield):
         n = spec.num_joints
         if n > MAX_JOINTS:
             raise ValueError(f"shield: {spec.source}: {n} joints, over the compiled shield's {MAX_JOINTS}")
-        self._state = np.zeros((5, n))
+        self._state = np.zeros((6, n))
         self._ints = np.zeros(6, dtype=np.int64)
         self._floats = np.full(1, math.nan)
         self._inputs = np.zeros((3, n))
@@ -476,6 +488,7 @@ class Shield(ReferenceShield):
                     self.offset,
                     self._inv_scale,
                     self.hold_kd,
+                    self._brake,
                 ]
             ),
             dtype=np.float64,
@@ -544,6 +557,14 @@ class Shield(ReferenceShield):
     @_previous.setter
     def _previous(self, value: np.ndarray) -> None:
         self._state[PREV] = value
+
+    @property
+    def _last_step(self) -> np.ndarray:  # type: ignore[override]
+        return self._state[LAST_STEP]
+
+    @_last_step.setter
+    def _last_step(self, value: np.ndarray) -> None:
+        self._state[LAST_STEP] = value
 
     @property
     def _ramp_from(self) -> np.ndarray:  # type: ignore[override]

@@ -17,6 +17,15 @@ Order of one tick (each rule sets its bit in `Command.flags` when it acts):
                       position windows, and only if that is not enough, by scaling kp and kd down
 The deterministic rules 4-8 always run last, so no veto, policy or sensor value can bypass them.
 
+Stopping (HOLD, and ESTOP with the hold fallback, under position control) replaces rules 4-8 for the
+target: the commanded motion, as the last tick's target step, is brought to rest at the spec's
+`stop_deceleration` (at once by default) and the target then stays latched. It never reads the
+measured state: a stiff drive follows its targets, so a target that moves with the measured motion
+(the effort window centres on q + kd qd / kp) would keep a moving robot moving for as long as the stop
+lasts. The effort limit is then kept by scaling the gains alone. Commanded travel after a stop is at
+most v^2 / (2 stop_deceleration) per joint (v the commanded speed, at most the velocity limit), and
+the commanded speed is zero within v / stop_deceleration; at once, both are zero.
+
 Modes: PASSIVE -> RAMP (measured pose to default pose over `ramp_time`; refused if too far) -> RUN ->
 HOLD (arms) or DAMP (legged) -> ESTOP (latched). Escalation is automatic; de-escalation (`reset`) is the
 operator's.
@@ -287,12 +296,16 @@ class ReferenceShield:
         self._step = self.max_velocity * self.dt
         self._inv_kp = np.divide(1.0, self.kp, out=np.zeros(n), where=self.kp > 0)
         self._effort_reach = self.max_effort * self._inv_kp
+        self._brake = spec.array("stop_deceleration") * self.dt * self.dt
+        """How much a stop shrinks the target step each tick (inf: at once)."""
         self.mode = Mode.PASSIVE
         self.counters = Counters()
         self._q: np.ndarray | None = None
         self._qd: np.ndarray | None = None
         self._last_valid: float | None = None
         self._previous = clip(self.default, self.hard_lo, self.hard_hi)
+        self._last_step = np.zeros(n)
+        """The last tick's commanded target step (zero unless stiff): the motion a stop brings to rest."""
         self._misses = self._bad = 0
         self._ramp_from: np.ndarray | None = None
         self._ramp_ticks = 0
@@ -335,8 +348,8 @@ class ReferenceShield:
         self._set_mode(Mode.ESTOP, reason)
 
     def reset(self) -> None:
-        """The only way out of ESTOP, HOLD or DAMP: back to PASSIVE."""
-        if self.mode in (Mode.ESTOP, Mode.HOLD, Mode.DAMP):
+        """The only way out of ESTOP, HOLD or DAMP, and the way to abandon a ramp: back to PASSIVE."""
+        if self.mode in (Mode.RAMP, Mode.ESTOP, Mode.HOLD, Mode.DAMP):
             self._set_mode(Mode.PASSIVE, "operator reset")
 
     def _set_mode(self, mode: Mode, reason: str) -> None:
@@ -471,6 +484,13 @@ class ReferenceShield:
             target = (1 - alpha) * self._ramp_from + alpha * self.default
         return self._finish(target, effort, flags, wanted)
 
+    def _stopping(self) -> np.ndarray:
+        """A stop's target: the last step shrunk by the stop deceleration, inside the soft window or no
+        further out than the previous target (a stop started outside it is not pulled in)."""
+        left = np.maximum(np.abs(self._last_step) - self._brake, 0.0)
+        target = self._previous + clip(self._last_step, -left, left)
+        return clip(target, np.minimum(self._previous, self.soft_lo), np.maximum(self._previous, self.soft_hi))
+
     def _finish(self, target: np.ndarray, effort: np.ndarray, flags: int, wanted: np.ndarray | None) -> Command:
         """`wanted`: the policy's action this tick, if it was used."""
         mode = self.mode
@@ -484,23 +504,29 @@ class ReferenceShield:
             target = clip(q, self.hard_lo, self.hard_hi)
         else:
             kp, kd = self.kp.copy(), self.kd.copy()
-            soft = clip(target, self.soft_lo, self.soft_hi)
-            if (soft != target).any():
-                flags |= R.POSITION_LIMIT
+            stopping = mode in (Mode.HOLD, Mode.ESTOP)
             lo = np.maximum(self._previous - self._step, self.hard_lo)
             hi = np.minimum(self._previous + self._step, self.hard_hi)
-            rated = clip(soft, lo, hi)
-            if (rated != soft).any():
-                flags |= R.RATE_LIMIT
+            if stopping:
+                rated = self._stopping()
+            else:
+                soft = clip(target, self.soft_lo, self.soft_hi)
+                if (soft != target).any():
+                    flags |= R.POSITION_LIMIT
+                rated = clip(soft, lo, hi)
+                if (rated != soft).any():
+                    flags |= R.RATE_LIMIT
             if self.workspace is not None and not self.workspace.contains(rated):
                 flags |= R.WORKSPACE
                 rated = self._previous.copy()
-            # Position control requires kp > 0 (spec validation), so the effort window is always finite.
-            center = q + self.kd * qd * self._inv_kp
-            feasible = clip(clip(rated, center - self._effort_reach, center + self._effort_reach), lo, hi)
-            if (feasible != rated).any():
-                flags |= R.EFFORT_LIMIT
-            target = feasible
+            if not stopping:
+                # Position control requires kp > 0 (spec validation), so the effort window is always finite.
+                center = q + self.kd * qd * self._inv_kp
+                feasible = clip(clip(rated, center - self._effort_reach, center + self._effort_reach), lo, hi)
+                if (feasible != rated).any():
+                    flags |= R.EFFORT_LIMIT
+                rated = feasible
+            target = rated
         if not self.torque:
             scale = gain_scale(target, q, qd, kp, kd, self.max_effort)
             if (scale < 1.0).any():
@@ -515,6 +541,7 @@ class ReferenceShield:
             headroom = np.maximum(self.max_effort - damping, 0.0)
             effort = clip(limited, -headroom, headroom)
             kd = np.where(damping > self.max_effort, kd * self.max_effort / np.maximum(damping, 1e-12), kd)
+        self._last_step = target - self._previous if stiff and not self.torque else np.zeros(n)
         self._previous = target
         change = 0.0
         if wanted is not None and flags & _CLAMPS:  # in action units (`action_from_command`), cheaply

@@ -71,6 +71,9 @@ _DELETE = object()
         ("joints.0.name", "elbow", "joints.elbow: no joint of that name"),
         ("joints.0.kp", -3.0, "kp: expected a finite number >= 0"),
         ("joints.0.stiffness", 3.0, "unknown field(s) ['stiffness']"),
+        ("joints.0.stop_deceleration", 0.0, "stop_deceleration: expected a number > 0 (inf: stop at once)"),
+        ("joints.0.stop_deceleration", -5.0, "stop_deceleration: expected a number > 0"),
+        ("joints.0.stop_deceleration", "fast", "stop_deceleration: expected a number"),
     ],
 )
 def test_bad_specs_name_file_and_field(tmp_path: Path, field: str, value, message: str) -> None:
@@ -143,3 +146,23 @@ def test_the_imu_mounting_is_written_into_the_model_and_travels_in_the_bundle(tm
     meta = {"control_period": spec.control_period, "action": {"dim": spec.num_joints}, "robot": robot_metadata(spec)}
     assert robot_from_metadata(meta, "b.onnx").imu == spec.imu
     assert differences(spec, robot_spec("spot")) == [f"imu: {spec.imu} vs {robot_spec('spot').imu}"]
+
+
+def test_the_stop_deceleration_is_read_per_joint_and_travels_in_the_bundle(tmp_path: Path) -> None:
+    from q2real.contracts.schema import BundleError, robot_from_metadata, robot_metadata
+    from q2real.hardware.spec import differences
+
+    data = _good()
+    assert load_spec(_write(tmp_path, data)).joints[0].stop_deceleration == float("inf"), "default: at once"
+    data["joints"][0]["stop_deceleration"] = 15.0
+    spec = load_spec(_write(tmp_path, data))
+    assert spec.joints[0].stop_deceleration == 15.0
+    meta = {"control_period": spec.control_period, "action": {"dim": spec.num_joints}, "robot": robot_metadata(spec)}
+    assert meta["robot"]["stop_decelerations"] == [15.0]
+    assert differences(robot_from_metadata(meta, "b.onnx"), spec) == []
+    del meta["robot"]["stop_decelerations"]  # a bundle exported before stops had a deceleration
+    assert robot_from_metadata(meta, "b.onnx").joints[0].stop_deceleration == float("inf")
+    for bad in ([15.0, 15.0], [-1.0], ["15"], [float("nan")], 15.0):
+        meta["robot"]["stop_decelerations"] = bad
+        with pytest.raises(BundleError, match=r"b.onnx: metadata.robot.stop_decelerations"):
+            robot_from_metadata(meta, "b.onnx")

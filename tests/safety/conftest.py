@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ def make_spec(rng: np.random.Generator, n: int, mode: str = "position", period: 
                 default_position=default,
                 kp=float(rng.uniform(5, 500)) if mode == "position" else 0.0,
                 kd=float(rng.uniform(0, 20)) if mode == "position" else 0.0,
+                stop_deceleration=float(rng.uniform(1, 200)) if rng.random() < 0.5 else math.inf,
             )
         )
     return RobotSpec(f"random{n}", Path("unused.xml"), mode, period, tuple(joints), Path("random.yaml"))

@@ -181,6 +181,19 @@ def test_veto_cannot_bypass_the_deterministic_limits() -> None:
     assert np.abs(cmd.position - 0.5).max() <= 2.0 * DT + 1e-12
 
 
+def test_a_reset_during_the_ramp_goes_to_passive_and_a_start_ramps_again() -> None:
+    shield = Shield(arm(), ShieldConfig(ramp_time=0.5))
+    clock = Clock(shield, q=(0.2, 0.2))
+    clock.tick()
+    assert shield.start()
+    for _ in range(5):
+        clock.tick()
+    shield.reset()
+    cmd = clock.tick()
+    assert cmd.mode == Mode.PASSIVE and cmd.reason == "operator reset" and (cmd.kp == 0).all()
+    assert shield.start() and clock.tick().mode == Mode.RAMP
+
+
 def test_effort_feasibility_moves_the_target_toward_the_measured_pose() -> None:
     shield, clock = running()
     clock.q = np.array([0.5, 0.5])
