@@ -11,8 +11,10 @@ in `q2real.hardware`, which every robot section passes exactly as a spec file do
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -22,6 +24,7 @@ from q2real.contracts.schema import (
     METADATA_KEY,
     BundleError,
     BundleInfo,
+    brief,
     check_seal,
     chunk_from_metadata,
     cost_from_metadata,
@@ -62,6 +65,7 @@ class PolicyBundle:
         if raw is None:
             raise BundleError(f"{source}: metadata: no '{METADATA_KEY}' entry in the ONNX metadata_props")
         meta = parse_metadata(raw, source)
+        self._check_sidecar(meta, source)
         self._check_io(meta, source)
         self.info = BundleInfo.of(meta)
         self._scale = np.asarray(meta["action"]["scale"], dtype=np.float32)
@@ -83,6 +87,24 @@ class PolicyBundle:
             self.runtime = f"onnxruntime ({reason})" if reason else "compiled"
         for _ in range(warmup):
             self.action(self.act(self._obs)[0])
+
+    def _check_sidecar(self, meta: dict, source: str) -> None:
+        """The `<file>.json` sidecar, when there is one, must say what the embedded metadata says: whoever
+        reads the sidecar (a person, a dashboard, a script) would otherwise trust numbers the robot does
+        not run."""
+        sidecar = self.path.with_name(self.path.name + ".json")
+        if not sidecar.is_file():
+            return
+        try:
+            document = json.loads(sidecar.read_text())
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+            raise BundleError(f"{sidecar}: the bundle's sidecar is not readable JSON ({err})") from err
+        found = first_difference(document, meta, "metadata")
+        if found is not None:
+            raise BundleError(
+                f"{sidecar}: the sidecar disagrees with the metadata embedded in {source}: {found}; re-export the "
+                "bundle, or remove the sidecar"
+            )
 
     def _check_io(self, meta: dict, source: str) -> None:
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
@@ -200,3 +222,29 @@ class PolicyBundle:
     def normalized(self, commands: np.ndarray) -> np.ndarray:
         """Back from joint commands to the policy's [-1, 1] action space (for evaluating in sim)."""
         return (commands - self._offset) / self._safe_scale * self._scaled
+
+
+def first_difference(sidecar: Any, embedded: Any, path: str) -> str | None:
+    """Where two JSON documents first differ, as `path.key[i]: sidecar X vs embedded Y`; None if equal.
+    Keys are visited in the embedded document's order, then those only the sidecar has."""
+    if isinstance(sidecar, dict) and isinstance(embedded, dict):
+        for key in [*embedded, *(k for k in sidecar if k not in embedded)]:
+            if key not in sidecar or key not in embedded:
+                mine = brief(sidecar[key]) if key in sidecar else "(missing)"
+                theirs = brief(embedded[key]) if key in embedded else "(missing)"
+                return f"{path}.{key}: sidecar {mine} vs embedded {theirs}"
+            found = first_difference(sidecar[key], embedded[key], f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(sidecar, list) and isinstance(embedded, list):
+        for i, (mine, theirs) in enumerate(zip(sidecar, embedded, strict=False)):
+            found = first_difference(mine, theirs, f"{path}[{i}]")
+            if found is not None:
+                return found
+        if len(sidecar) != len(embedded):
+            return f"{path}: sidecar {len(sidecar)} entries vs embedded {len(embedded)}"
+        return None
+    if sidecar != embedded or isinstance(sidecar, bool) != isinstance(embedded, bool):  # JSON true is not 1
+        return f"{path}: sidecar {brief(sidecar)} vs embedded {brief(embedded)}"
+    return None

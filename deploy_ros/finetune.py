@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -71,6 +72,21 @@ PROBE_MAX = 4096
 """Most probe observations a candidate may bring (a larger file is refused, not loaded)."""
 SAME = ("observation", "action", "control_period", "chunk")
 """Metadata sections a candidate must share with the running bundle (besides its robot)."""
+
+
+def _without_command_ranges(observation: Any) -> Any:
+    """An observation section without its command terms' `ranges`: the node goes on checking commands
+    by the running bundle's, so a candidate need not repeat them (one exported today carries ranges a
+    running bundle from before them lacks)."""
+    if not isinstance(observation, dict) or not isinstance(observation.get("terms"), list):
+        return observation
+    terms = []
+    for term in observation["terms"]:
+        source = term.get("source") if isinstance(term, dict) else None
+        if isinstance(source, dict) and source.get("kind") == "command":
+            term = term | {"source": {k: v for k, v in source.items() if k != "ranges"}}
+        terms.append(term)
+    return observation | {"terms": terms}
 
 
 @dataclass
@@ -273,7 +289,10 @@ class FineTuning:
         if found or meta["robot"]["sha256"] != running["robot"]["sha256"]:
             raise BundleError(f"{bundle_path}: metadata.robot differs from the running bundle's: {found or 'sha256'}")
         for key in SAME:
-            if meta.get(key) != running.get(key):
+            mine, theirs = meta.get(key), running.get(key)
+            if key == "observation":
+                mine, theirs = _without_command_ranges(mine), _without_command_ranges(theirs)
+            if mine != theirs:
                 raise BundleError(f"{bundle_path}: metadata.{key} differs from the running bundle's")
         if self.node.config.cost_veto is not None and bundle.info.cost_critic is None:
             raise BundleError(f"{bundle_path}: cost_veto is set and the candidate has no cost critic")

@@ -48,7 +48,7 @@ from q2real.deploy_ros.settings import NODE_NAME, NodeConfig, local_robot, resol
 from q2real.deploy_ros.timing import COLUMN, TickTimes
 from q2real.hardware.model import load_model
 from q2real.hardware.spec import RobotSpec, SpecError, differences, tighter
-from q2real.safety.compiled import Shield
+from q2real.safety.compiled import MAX_JOINTS, Shield
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.limits import clip
 from q2real.safety.output import Output
@@ -144,6 +144,11 @@ class PolicyNode:
         self._cost_q = math.nan
         """The cost critic's value of this tick's policy action (NaN until the policy ran)."""
         veto = self._cost_veto if config.cost_veto is not None else None
+        if len(self.names) > MAX_JOINTS:
+            raise BundleError(
+                f"{source}: metadata.robot: {len(self.names)} joints; the compiled shield "
+                f"(q2real.safety.compiled) takes at most {MAX_JOINTS}, so this robot cannot be deployed behind it"
+            )
         self.shield = Shield(self.spec, shield_config, veto=veto)
         self.output = Output(self.spec)
         """The last stage: the shield's command in the robot's interface, as published."""
@@ -248,15 +253,12 @@ class PolicyNode:
         self, names, position, velocity, effort, received: float | None = None, stamp: float = 0.0
     ) -> str | None:
         """Store a joint state message (and tick on it, when it is due); returns why it was refused, or
-        None. `stamp`: its header stamp in wall-clock seconds (0: unset)."""
+        None. `stamp`: its header stamp in wall-clock seconds (0: unset, as the transports pass an unset
+        header stamp)."""
         skew = self.config.inputs.max_stamp_skew
-        if stamp and skew is not None:
-            offset = stamp - time.time()
-            if not abs(offset) <= skew:
-                reason = (
-                    f"stamp: {offset:+.3g} s from this machine's clock (inputs.max_stamp_skew {skew:g} s): "
-                    "is the robot's clock synchronized?"
-                )
+        if skew is not None:
+            reason = _stamp_refusal(stamp, skew)
+            if reason is not None:
                 self._refuse(reason)
                 return reason
         now = time.monotonic()
@@ -349,12 +351,20 @@ class PolicyNode:
         return reason
 
     def on_task_command(self, values) -> str | None:
+        """A task command (std_msgs/Float64MultiArray data); returns why it was refused, or None. Only a
+        command of the right length, every value within the range the policy was trained on, replaces
+        the one the policy reads."""
         try:
             values = np.asarray(values, dtype=float).reshape(-1)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             values = np.full(0, np.nan)
+        topic = resolve_topic(self.config.topics.task_command, NODE_NAME)
         if values.shape != self._task_command.shape or not np.isfinite(values).all():
-            reason = f"command: expected {self._task_command.size} finite values, got {brief(values.tolist())}"
+            reason = f"command: {topic}: expected {self._task_command.size} finite values, got {brief(values.tolist())}"
+        else:
+            reason = self.observation.command_refusal(values)
+            reason = f"command: {topic}: {reason}" if reason is not None else None
+        if reason is not None:
             self._refuse(reason)
             return reason
         self._task_command = values
@@ -429,10 +439,15 @@ class PolicyNode:
             self._autostart = self._handover = False
         elif applied.reset:
             self._handover = False
+        for reason in applied.dropped:
+            self._refuse_start(reason)
         # The shield knows the measured pose from earlier ticks; start() refuses without one.
+        started = False
         if shield.mode == Mode.PASSIVE and (applied.start or self._autostart) and self._controller_listening():
-            if shield.start():
-                self._handover = True
+            started = shield.start()
+            self._handover |= started
+        if applied.start and not started:
+            self._refuse_start(self._why_not_started())
         if shield.mode == Mode.RAMP and self._handover:
             if fault is None and shield.run():
                 self._handover = False
@@ -446,6 +461,33 @@ class PolicyNode:
             self.held_back = ""  # no handover pending (a reset or an e-stop cancelled it)
         if fault is not None and shield.mode == Mode.RUN:
             shield.fall_back(*fault)
+
+    def _why_not_started(self) -> str:
+        """Why this tick's operator start did not begin a ramp."""
+        shield, mode = self.shield, self.shield.mode
+        if mode == Mode.RAMP:
+            return "start: already ramping to the default pose"
+        if mode == Mode.RUN:
+            return "start: the policy already runs"
+        if mode != Mode.PASSIVE:
+            return f"start: the shield is in {mode.name}, which only a reset leaves; reset, then start"
+        if self.waiting:
+            return f"start: {self.waiting}"
+        if not shield.has_pose:
+            return "start: no valid joint state yet; the ramp starts from the measured pose"
+        limit = shield.config.ramp_max_distance
+        return (
+            f"start: ramp refused: the measured pose is farther than shield.ramp_max_distance ({limit}) from the "
+            "default pose"
+        )
+
+    def _refuse_start(self, reason: str) -> None:
+        """A start that was not carried out, counted and said at once on /diagnostics (and, through it, on
+        the console): an operator's request is never dropped in silence."""
+        self._refuse(reason)
+        if reason != self.last_reason:
+            self.last_reason = reason
+            self.changed.set()
 
     def _hold_back(self, reason: str) -> None:
         """Say once why the ramp's end does not hand over (the policy would start on a missing input)."""
@@ -592,6 +634,24 @@ class PolicyNode:
         values |= {f"refused.{k}": v for k, v in sorted(self.refused.copy().items())}
         values |= {f"shield.{k}": v for k, v in shield.counters.rules.items() if v}
         return {"level": level, "message": mode.name, "values": {k: str(v) for k, v in values.items()}}
+
+
+def _stamp_refusal(stamp: float, skew: float) -> str | None:
+    """Why a joint state's header stamp is refused under `inputs.max_stamp_skew`, or None. An unset stamp
+    (0, 1970-01-01) is refused too: with the check on, a stamp that cannot be compared is no better than
+    one from a clock that drifted."""
+    if stamp == 0.0:
+        return (
+            "stamp: unset (0): the robot must stamp its joint states when inputs.max_stamp_skew is set "
+            "(leave max_stamp_skew unset for a robot whose clock is not synchronized)"
+        )
+    offset = stamp - time.time()
+    if abs(offset) <= skew:
+        return None
+    return (
+        f"stamp: {offset:+.3g} s from this machine's clock (inputs.max_stamp_skew {skew:g} s): "
+        "is the robot's clock synchronized?"
+    )
 
 
 def flag_names(flags: int) -> str:

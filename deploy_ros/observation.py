@@ -8,7 +8,9 @@ or is refused before the robot moves:
   joint_velocity           q dot of the listed joints
   joint_position_cos_sin   cos q of the listed joints, then sin q (angles without the wrap at +-pi)
   last_action              the policy's previous output in [-1, 1] (zeros before the first)
-  command                  the task command (e.g. a target), from the command input
+  command                  the task command (e.g. a target), from the command input; `ranges` (one
+                           [lower, upper] per value, the box training drew commands from) bounds
+                           what the node takes
   projected_gravity        unit gravity in the base frame, from the IMU's orientation
   base_angular_velocity    the base's angular velocity in the base frame, from the IMU's gyro
   velocity_command         (forward, lateral, yaw rate) from a Twist, clipped to `ranges`
@@ -50,11 +52,18 @@ _KEYS = {
     "joint_velocity": {"joints"},
     "joint_position_cos_sin": {"joints"},
     "body_point": {"joints", "body", "offset"},
+    "command": {"ranges"},
     "velocity_command": {"ranges"},
     "object_position": {"frame_id"},
 }
 """Keys a source may carry besides `kind`; any other key is an error, not ignored."""
 _FIXED_DIM = {"projected_gravity": 3, "base_angular_velocity": 3, "velocity_command": 3, "object_position": 3}
+UNRANGED_COMMAND_LIMIT = 100.0
+"""Largest magnitude a command value may have when the bundle gives no range for it (bundles written
+before command terms carried `ranges`): beyond every command a q2real task draws (m, m/s, rad/s), and
+far inside float32, so a value that would overflow the observation never reaches the policy."""
+VELOCITY_COMMAND_NAMES = ("forward", "lateral", "yaw rate")
+"""The velocity command's values, in the order a `velocity_command` term's `ranges` gives them."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,15 @@ def _numbers(value, length: int, where: str) -> list[float]:
     return [float(v) for v in value]
 
 
+def _command_ranges(ranges, dim: int, where: str) -> list[list[float]]:
+    """A command term's `ranges`: one finite [lower, upper] pair, lower <= upper, per value."""
+    rows = ranges if isinstance(ranges, list) and len(ranges) == dim else None
+    bounds = [_numbers(r, 2, f"{where}: source.ranges[{k}]") for k, r in enumerate(rows or [])]
+    if rows is None or not all(lo <= hi for lo, hi in bounds):
+        raise BundleError(f"{where}: source.ranges: expected {dim} [lower, upper] pairs, got {brief(ranges)}")
+    return bounds
+
+
 class ObservationBuilder:
     """Fills one float32 (1, obs_dim) buffer per tick from joint states in the builder's joint order
     and the latest value of each input stream the bundle reads.
@@ -163,6 +181,11 @@ class ObservationBuilder:
         parsed = []
         start = 0
         self.command_dim = 0
+        command_ranges: list[list[float]] = []
+        self.command_names: list[str] = []
+        """Each command value's name: its term's, indexed when the term has more than one."""
+        self._command_ranged: list[bool] = []
+        """Per command value, whether its bound is the bundle's range or `UNRANGED_COMMAND_LIMIT`."""
         self.velocity_ranges: np.ndarray | None = None
         """(3, 2) lower/upper bounds of the velocity command, if the bundle reads one."""
         self.object_frame: str | None = None
@@ -202,6 +225,11 @@ class ObservationBuilder:
             if kind == "command":
                 index = list(range(self.command_dim, self.command_dim + dim))
                 self.command_dim += dim
+                self.command_names += [term["name"]] if dim == 1 else [f"{term['name']}[{k}]" for k in range(dim)]
+                ranges = spec.get("ranges")
+                self._command_ranged += [ranges is not None] * dim
+                limit = [-UNRANGED_COMMAND_LIMIT, UNRANGED_COMMAND_LIMIT]
+                command_ranges += [limit] * dim if ranges is None else _command_ranges(ranges, dim, where)
             else:
                 index = [joints.index(n) for n in names]
             if kind == "joint_position" and "offset" in spec:
@@ -226,6 +254,8 @@ class ObservationBuilder:
                 self.object_frame = frame
             parsed.append(_Term(term["name"], kind, start, dim, np.asarray(index, dtype=np.intp), offset))
             start += dim
+        self.command_ranges = np.asarray(command_ranges, dtype=float).reshape(-1, 2)
+        """(command_dim, 2) lower/upper bounds of each command value the node takes."""
         self.joints = tuple(joints)
         """Every joint the observation reads, actuated or not (e.g. a passive pole's encoder)."""
         self.streams = frozenset(STREAMS[t.kind] for t in parsed if t.kind in STREAMS) - {"last_action"}
@@ -253,6 +283,24 @@ class ObservationBuilder:
                 f"a timed-out command is zero), got {brief(ranges)}"
             )
         self.velocity_ranges = np.asarray(bounds)
+
+    def command_refusal(self, values: np.ndarray) -> str | None:
+        """Why a command (all command terms' values, in term order) is not one the policy was trained
+        on, naming the first value out of its range; None when every value is in range."""
+        low, high = self.command_ranges[:, 0], self.command_ranges[:, 1]
+        outside = np.flatnonzero(~((low <= values) & (values <= high)))  # NaN is outside too
+        if not outside.size:
+            return None
+        i = int(outside[0])
+        name, value = self.command_names[i], float(values[i])
+        if self._command_ranged[i]:
+            expected = f"within [{low[i]:g}, {high[i]:g}], the range the policy was trained on"
+        else:
+            expected = (
+                f"within +-{UNRANGED_COMMAND_LIMIT:g} (the bundle gives no range for it; re-export it to "
+                "check commands against the task's own range)"
+            )
+        return f"{name} (value {i}) = {value!r}: expected {expected}"
 
     def __call__(self, position: np.ndarray, velocity: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """The observation for joint states in `self.joints` order and the latest input values by kind

@@ -166,7 +166,9 @@ class RclpyPolicyNode(Node):
         return serve
 
     def _on_task_command(self, m: Float64MultiArray) -> None:
-        self.core.on_task_command(m.data)
+        reason = self.core.on_task_command(m.data)
+        if reason is not None:
+            self.get_logger().warn(f"task command refused: {reason}", throttle_duration_sec=1.0)
 
     def stop(self) -> None:
         """End the loop; no tick publishes after this returns."""

@@ -31,6 +31,9 @@ class Applied:
     """An e-stop latched: autostart and a pending handover are cancelled."""
     reset: bool = False
     """A reset was applied: a pending handover is cancelled."""
+    dropped: tuple[str, ...] = ()
+    """Why starts of this tick were not tried (an e-stop in the same tick, a reset after them): an operator
+    who pressed start is told, never left guessing."""
 
 
 class OperatorRequests:
@@ -64,18 +67,23 @@ class OperatorRequests:
             if shield.mode != Mode.ESTOP:
                 self.latched_at = time.monotonic()
             shield.estop(estops[0])
-            return Applied(estopped=True)
+            started = any(kind == "start" for kind, _, _ in requests)
+            dropped = ("start: an e-stop came with it; reset, then start again",) if started else ()
+            return Applied(estopped=True, dropped=dropped)
         start = left_estop = reset = False
+        dropped: tuple[str, ...] = ()
         for kind, received, reason in requests:
             if kind == "reset":
                 if received > self.latched_at:  # sent after the operator could have seen the stop
                     left_estop |= shield.mode == Mode.ESTOP
                     shield.reset()
+                if start:
+                    dropped = ("start: a reset received after it cancelled it; start again",)
                 start, reset = False, True
             elif left_estop:
                 # Out of ESTOP for one tick first: a start in the reset's tick is tried at the next.
                 with self._lock:
                     self._queue.insert(0, (kind, received, reason))
             else:
-                start = True
-        return Applied(start=start, reset=reset)
+                start, dropped = True, ()
+        return Applied(start=start, reset=reset, dropped=dropped)

@@ -11,6 +11,7 @@ is started (it must not inherit them) and before the node's DDS threads exist (t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import signal
@@ -21,10 +22,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import realtime
 from q2real.deploy_ros.dds import ROBOT_STARTUP, DdsNode, use_loopback
 from q2real.deploy_ros.finetune import FineTuning
 from q2real.deploy_ros.node import PolicyNode
+from q2real.deploy_ros.observation import VELOCITY_COMMAND_NAMES
 from q2real.deploy_ros.programs import SIM_ROBOT, program
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.deploy_ros.signals import on_signal
@@ -98,6 +101,25 @@ def start_sim_robot(
     return subprocess.Popen(command + (extra or []))
 
 
+def check_sim_command(node: PolicyNode, sim_argv: list[str]) -> None:
+    """Refuse a fixed `--command` for the sim robot that the policy cannot read, before anything starts:
+    the sim robot would exit on it, and the node would then wait for joint states that never come."""
+    if "--command" not in sim_argv:
+        return
+    given = list(itertools.takewhile(lambda arg: not arg.startswith("--"), sim_argv[sim_argv.index("--command") + 1 :]))
+    if node.observation.command_dim:
+        names = node.observation.command_names
+    elif "velocity_command" in node.inputs.streams:
+        names = list(VELOCITY_COMMAND_NAMES)
+    else:
+        raise ConfigError(f"--command: the policy of {node.bundle.path} reads no task command; leave --command out")
+    if len(given) != len(names):
+        raise ConfigError(
+            f"--command: the policy of {node.bundle.path} reads {len(names)} command values ({', '.join(names)}), "
+            f"got {len(given)}: {' '.join(given)}"
+        )
+
+
 def stop_sim_robot(process: subprocess.Popen, timeout: float = 5.0) -> None:
     """Terminate and reap the sim robot; kill it if it hangs or a second Ctrl-C cuts the wait short."""
     process.terminate()
@@ -133,6 +155,8 @@ def deploy(
     if sim:
         use_loopback()
     node = PolicyNode(bundle, config, FineTuning.attach(config.finetune) if config.finetune.enabled else None)
+    if sim:
+        check_sim_command(node, sim_extra or [])
     tuning = node.learning if isinstance(node.learning, FineTuning) else None
     # Paid when the node's modules were imported: before the robot is even awaited, never in a tick.
     print(f"shield: compiled kernels ready ({COMPILE_SECONDS:.2f} s to compile or load from the cache)", flush=True)
@@ -264,15 +288,23 @@ def _wait_for_enter(node: PolicyNode) -> None:
 
 
 def _print_status(node: PolicyNode, every: float, stop: threading.Event) -> None:
+    refused = 0
     while not stop.wait(every):
-        print(_status_line(node), flush=True)
+        line, refused = _status_line(node, refused)
+        print(line, flush=True)
 
 
-def _status_line(node: PolicyNode) -> str:
+def _status_line(node: PolicyNode, refused_before: int = 0) -> tuple[str, int]:
+    """The console's status line, with the newest refusal when messages were refused since the last
+    line (`refused_before` of them then); and the count now."""
     report = node.diagnostics()["values"]
-    return (
+    refused = int(report["refused_messages"])
+    notes = [report[key] for key in ("waiting_for_controller", "waiting_for_inputs") if key in report]
+    if refused > refused_before:
+        notes.append(f"refused: {report['last_refusal']}")
+    line = (
         f"{time.strftime('%H:%M:%S')}  mode {report['mode']:<7} ticks {report['ticks']:>6}  "
         f"latency p50 {report['latency_p50_ms']} ms p99 {report['latency_p99_ms']} ms  "
-        f"loop misses {report['loop_deadline_misses']}  refused {report['refused_messages']}"
-        + "".join(f"\n  {report[key]}" for key in ("waiting_for_controller", "waiting_for_inputs") if key in report)
+        f"loop misses {report['loop_deadline_misses']}  refused {refused}"
     )
+    return line + "".join(f"\n  {note}" for note in notes), refused

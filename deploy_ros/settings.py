@@ -94,11 +94,11 @@ class InputsConfig:
     max_object_distance: float = 5.0
     """m from the frame's origin; a tracked object farther away is a tracker fault, refused."""
     max_stamp_skew: float | None = None
-    """s; set, a joint state whose header stamp is set and further than this from this machine's wall
-    clock (a 1970 or 2038 stamp, a clock that drifted) is refused: freshness is judged on arrival, and
-    such a stamp says the message cannot be trusted to be the robot's present. None (the default):
-    stamps are not compared, for robots whose clock is not synchronized with this machine's. Unset
-    stamps (0, as some drivers send) are judged on arrival alone either way."""
+    """s; set, a joint state whose header stamp is further than this from this machine's wall clock (a
+    1970 or 2038 stamp, a clock that drifted) is refused: freshness is judged on arrival, and such a
+    stamp says the message cannot be trusted to be the robot's present. An unset stamp (0, as some
+    drivers send) is refused too: with this set, the robot must stamp its joint states. None (the
+    default): stamps are not compared, for robots whose clock is not synchronized with this machine's."""
 
     def validate(self) -> None:
         checks.number("inputs.imu_max_age", self.imu_max_age, above=0.0, at_most=0.5)

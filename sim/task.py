@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mujoco
@@ -216,6 +217,11 @@ class Task(ABC):
         self, gen: torch.Generator, low: float | torch.Tensor, high: float | torch.Tensor, shape: tuple[int, ...]
     ) -> torch.Tensor:
         return low + (high - low) * torch.rand(shape, generator=gen, device=self.device)
+
+    def command_source(self, low: Sequence[float], high: Sequence[float]) -> dict:
+        """The observation source of a command drawn uniformly in the box [low, high]: the bundle carries
+        the box, and the node refuses a command outside what the policy was trained on."""
+        return {"kind": "command", "ranges": [[float(lo), float(hi)] for lo, hi in zip(low, high, strict=True)]}
 
     def _uniform_box(self, gen: torch.Generator, low, high, num_envs: int) -> torch.Tensor:
         """Points uniform in the axis-aligned box [low, high] (sequences of equal length), one per env."""

@@ -87,12 +87,17 @@ def _start_wandb(run: RunDir, config: LogConfig):
         raise MissingDependency("log.wandb: wandb logging needs pip install 'q2real[wandb]'") from err
     from q2real.configs.loader import to_dict
 
-    mode = config.wandb
-    if mode == "online" and not os.environ.get("WANDB_API_KEY") and not Path.home().joinpath(".netrc").exists():
-        mode = "offline"
-    return wandb.init(
-        project=config.wandb_project, name=run.path.name, dir=str(run.path), mode=mode, config=to_dict(run.config)
+    logged = wandb.init(
+        project=config.wandb_project,
+        name=run.path.name,
+        dir=str(run.path),
+        mode=config.wandb,
+        config=to_dict(run.config),
     )
+    if config.wandb == "offline":
+        where = Path(logged.dir).parent  # the run's own folder; `dir` is its files/
+        print(f"wandb: offline run written to {where}; upload it with: wandb sync {where}", flush=True)
+    return logged
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

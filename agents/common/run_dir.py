@@ -5,11 +5,13 @@ runs/<name>/meta.json      git SHA and dirty flag, versions, command line, start
 runs/<name>/metrics.jsonl  one JSON object per log step; metrics.csv mirrors it
 runs/<name>/tb/            TensorBoard events
 runs/<name>/curves.png     learning curves vs env steps and vs wall-clock
+runs/<name>/wandb/         the wandb run, with `log.wandb` online or offline (`wandb sync` uploads an offline one)
 """
 
 from __future__ import annotations
 
 import json
+import netrc
 import os
 import re
 import subprocess
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import yaml
 
@@ -35,7 +38,8 @@ class LogConfig:
     """Run directory name; empty means `<task>-<YYYYmmdd-HHMMSS>`."""
     tensorboard: bool = True
     wandb: Literal["off", "online", "offline"] = "off"
-    """Weights & Biases mode; `online` falls back to offline when there is no network."""
+    """Weights & Biases mode; `online` needs credentials (WANDB_API_KEY or `wandb login`) and is refused
+    before the run starts without them; `offline` writes the run under the run directory's `wandb/`."""
     wandb_project: str = "q2real"
     interval_steps: int = 10_000
     """Env steps (summed over envs) between two metric records."""
@@ -49,6 +53,27 @@ class LogConfig:
             )
         if self.interval_steps < 1:
             raise ValueError(f"log.interval_steps: expected >= 1, got {self.interval_steps}")
+
+    def check_wandb_login(self) -> None:
+        """Refuse `online` without credentials: wandb would log offline instead, and the run's metrics
+        would never reach the dashboard its user is watching."""
+        if self.wandb == "online" and not wandb_credentials():
+            raise ConfigError(
+                "log.wandb=online: no wandb credentials on this machine (WANDB_API_KEY is unset and `wandb login` "
+                "has not been run); set WANDB_API_KEY or run `wandb login`, or use log.wandb=offline"
+            )
+
+
+def wandb_credentials() -> bool:
+    """Whether wandb can log in without asking: an API key in the environment, or the netrc entry for its
+    host that `wandb login` writes."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC") or None).authenticators(host or "") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def git_state(path: Path) -> dict[str, Any]:
@@ -78,6 +103,7 @@ class RunDir:
 
     def __init__(self, config: Any, log: LogConfig, task: str, resume: Path | None = None):
         """A new run directory, or with `resume` the existing one, whose meta.json then records the resume."""
+        log.check_wandb_login()  # before anything is written
         if resume is None:
             log.validate()
             name = log.name or f"{task.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -136,7 +136,7 @@ class ArmPush(Task):
                 "offset": self.model.site_pos[pusher].tolist(),
             },
             "cube_position": {"kind": "object_position", "frame_id": "world"},
-            "target": {"kind": "command"},
+            "target": self.command_source(self.config.target_low, self.config.target_high),
         }
 
     def success(self, physics: PhysicsState) -> torch.Tensor:

@@ -110,7 +110,7 @@ class ArmReach(Task):
         return {
             "joint_position": {"kind": "joint_position", "joints": joints},
             "joint_velocity": {"kind": "joint_velocity", "joints": joints},
-            "target": {"kind": "command"},
+            "target": self.command_source(self.config.target_low, self.config.target_high),
         }
 
     def distance(self, physics: PhysicsState) -> torch.Tensor:

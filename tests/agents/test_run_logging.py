@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 import io
+import sys
+import types
 from pathlib import Path
 
+import pytest
 import torch
 
 from q2real.agents.common.episodes import EpisodeTracker
-from q2real.agents.common.metrics import RETURNS, Panel, plot_curves, read_metrics, write_csv
+from q2real.agents.common.metrics import RETURNS, MetricLogger, Panel, plot_curves, read_metrics, write_csv
 from q2real.agents.common.progress import Progress
+from q2real.agents.common.run_dir import LogConfig, RunDir, wandb_credentials
 from q2real.sim.vec_env import StepResult
 
 
@@ -84,3 +88,40 @@ def test_progress_never_counts_past_its_total() -> None:
     progress.update(8)
     last = stream.getvalue().splitlines()[-1]
     assert progress.done == 20 and last.startswith("recording: 20/20 episodes (100%)") and "ETA 0 s" in last
+
+
+def test_wandb_credentials_are_an_api_key_or_the_netrc_entry_of_its_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert not wandb_credentials()  # no file
+    netrc.write_text("machine example.org login user password secret\n")
+    assert not wandb_credentials()  # another host's login
+    netrc.write_text("machine api.wandb.ai login user password secret\n")
+    assert wandb_credentials()
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
+    assert not wandb_credentials()  # a self-hosted server needs its own login
+    monkeypatch.setenv("WANDB_API_KEY", "key")
+    assert wandb_credentials()
+
+
+def test_an_offline_wandb_run_says_where_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started: list[dict] = []
+
+    def init(**kwargs):
+        started.append(kwargs)
+        files = Path(kwargs["dir"]) / "wandb" / "offline-run-1" / "files"
+        return types.SimpleNamespace(dir=str(files), log=lambda *a, **k: None, finish=lambda: None)
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    log = LogConfig(root=str(tmp_path), name="r", tensorboard=False, wandb="offline")
+    run = RunDir({"seed": 0}, log, "task")
+    MetricLogger(run, log).close()
+    assert started[0]["mode"] == "offline"
+    where = tmp_path / "r" / "wandb" / "offline-run-1"
+    assert f"wandb: offline run written to {where}; upload it with: wandb sync {where}" in capsys.readouterr().out

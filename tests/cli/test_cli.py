@@ -51,6 +51,21 @@ def test_rollout_writes_a_complete_run_directory(tmp_path: Path, capsys: pytest.
     assert "already holds a run" in capsys.readouterr().err
 
 
+def test_wandb_online_without_credentials_is_refused_before_the_run_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Online logging without a login would run offline while its user watches an empty dashboard."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    args = ["rollout", "env.task=pendulum_swingup", "env.num_envs=2", "total_steps=4", f"log.root={tmp_path}"]
+    assert main([*args, "log.name=r", "log.wandb=online"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("q2real rollout: error: log.wandb=online: no wandb credentials")
+    assert "set WANDB_API_KEY or run `wandb login`, or use log.wandb=offline" in line
+    assert not (tmp_path / "r").exists()
+
+
 def test_bad_override_exits_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rollout", "env.num_envs=many"]) == 2
     assert "command line: env.num_envs: expected an integer, got 'many'" in capsys.readouterr().err

@@ -49,3 +49,18 @@ def test_a_diagnostics_report_reads_as_one_console_line_with_what_holds_the_node
     line = status_line(status, 0.0)
     assert "spot  WARN  mode RAMP" in line and "ticks    1200" in line and "refused 2" in line
     assert line.endswith("\n    waiting_for_inputs: imu.stale")
+
+
+def test_the_console_status_names_the_newest_refusal_once() -> None:
+    """A refused message (a start, a task command) is said on the console, not only counted."""
+    from types import SimpleNamespace
+
+    from q2real.deploy_ros.session import _status_line
+
+    values = {"mode": "PASSIVE", "ticks": "10", "latency_p50_ms": "0.5", "latency_p99_ms": "1.0"}
+    values |= {"loop_deadline_misses": "0", "refused_messages": "1", "last_refusal": "start: the policy already runs"}
+    node = SimpleNamespace(diagnostics=lambda: {"values": values})
+    line, refused = _status_line(node)  # pyright: ignore[reportArgumentType]
+    assert refused == 1 and line.endswith("refused 1\n  refused: start: the policy already runs")
+    line, refused = _status_line(node, refused)  # pyright: ignore[reportArgumentType]
+    assert refused == 1 and line.endswith("refused 1")

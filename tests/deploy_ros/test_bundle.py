@@ -160,6 +160,34 @@ def test_missing_and_non_onnx_files_are_refused(tmp_path: Path) -> None:
         PolicyBundle(junk)
 
 
+def test_a_sidecar_that_disagrees_with_the_embedded_metadata_is_refused_naming_the_field(
+    pendulum_bundle: Path, tmp_path: Path
+) -> None:
+    """The `.onnx.json` sidecar is what people and scripts read; the robot runs the embedded metadata.
+    A sidecar that says something else is refused at the first field that differs; none at all is fine."""
+    bundle, sidecar = tmp_path / "policy.onnx", tmp_path / "policy.onnx.json"
+    bundle.write_bytes(pendulum_bundle.read_bytes())
+    PolicyBundle(bundle, warmup=0)
+    text = pendulum_bundle.with_name(pendulum_bundle.name + ".json").read_text()
+    sidecar.write_text(text)
+    PolicyBundle(bundle, warmup=0)
+    meta = json.loads(text)
+    kp = meta["robot"]["kp"][0]
+    meta["robot"]["kp"][0] = kp + 1.0
+    meta["exported_at"] = "changed too, but later in the document"
+    sidecar.write_text(json.dumps(meta))
+    with pytest.raises(BundleError, match=rf"metadata\.robot\.kp\[0\]: sidecar {kp + 1.0} vs embedded {kp}"):
+        PolicyBundle(bundle, warmup=0)
+    meta["robot"]["kp"][0] = kp
+    del meta["task"]
+    sidecar.write_text(json.dumps(meta))
+    with pytest.raises(BundleError, match=r"metadata\.task: sidecar \(missing\) vs embedded 'pendulum_swingup'"):
+        PolicyBundle(bundle, warmup=0)
+    sidecar.write_text(text[:100])
+    with pytest.raises(BundleError, match="policy.onnx.json: the bundle's sidecar is not readable JSON"):
+        PolicyBundle(bundle, warmup=0)
+
+
 def test_bundle_and_torch_policy_earn_the_same_returns(sac_run: Path) -> None:
     from_torch = evaluate_run(sac_run, episodes=4, seed=7)
     from_bundle = evaluate_run(sac_run, episodes=4, seed=7, bundle=sac_run / "policy.onnx")

@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from q2real.configs.loader import ConfigError, load
+from q2real.contracts.schema import METADATA_KEY, read_metadata, seal
 from q2real.contracts.transitions import CANDIDATE, CHANGED, ROLLBACK, RUN, TransitionRing, version_name
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.finetune import READY, FineTuning, Placement, launch, learner_cpus
@@ -228,6 +230,28 @@ def test_a_bad_candidate_is_refused_counted_and_never_runs(
     assert event["event"] == "refused" and reason in event["detail"], event
     tuning.check()  # the same announcement is judged once
     assert tuning.counts.refused == 1
+
+
+def test_a_candidate_with_command_ranges_may_replace_a_bundle_written_before_them(
+    panda_bundle: Path, tmp_path: Path
+) -> None:
+    """A learner exports today's metadata, whose command terms carry `ranges`; a running bundle from
+    before them differs in nothing else, and the node goes on checking commands by its own rule."""
+    model = onnx.load(str(panda_bundle))
+    entry = next(p for p in model.metadata_props if p.key == METADATA_KEY)
+    meta = json.loads(entry.value)
+    for term in meta["observation"]["terms"]:
+        term["source"].pop("ranges", None)
+    entry.value = json.dumps(meta)
+    running = tmp_path / "running.onnx"
+    onnx.save(model, str(running))
+    seal(running)
+    settings = FinetuneSettings(run="unused", window=20)
+    node = PolicyNode(running, NodeConfig(require_subscriber=False), FineTuning.attach(settings, tmp_path / "ft"))
+    assert isinstance(node.learning, FineTuning)
+    obs = np.random.default_rng(0).normal(size=(16, node.bundle.info.obs_dim)).astype(np.float32)
+    np.savez(tmp_path / "probe.npz", obs=obs, commands=PolicyBundle(panda_bundle)(obs))
+    assert node.learning.validate(panda_bundle, tmp_path / "probe.npz").info.metadata == read_metadata(panda_bundle)
 
 
 def _run_ticks(tuning: FineTuning, count: int, reward: float, changed: float = 0.0) -> None:

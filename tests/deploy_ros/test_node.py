@@ -226,12 +226,135 @@ def test_a_joint_state_stamped_far_from_this_clock_is_refused(pendulum_bundle, s
     assert node.states.latest is None and node.refused["stamp"] == 1
 
 
-def test_unset_and_current_stamps_are_taken(pendulum_bundle) -> None:
+def test_current_stamps_are_taken(pendulum_bundle) -> None:
     import time as wall
 
     config = NodeConfig()
     config.inputs.max_stamp_skew = 1.0
     node = PolicyNode(pendulum_bundle, config)
-    assert node.on_joint_state(["hinge"], [0.1], [0.0], [], stamp=0.0) is None  # a driver that sets none
     assert node.on_joint_state(["hinge"], [0.2], [0.0], [], stamp=wall.time() - 0.2) is None
     assert node.states.latest is not None and node.states.latest.position.tolist() == [0.2]
+
+
+def test_an_unset_stamp_is_refused_when_stamps_are_checked(pendulum_bundle) -> None:
+    """A zero stamp (1970-01-01, a driver that sets none) cannot be compared with this clock: with
+    `max_stamp_skew` set it is refused, saying the robot must stamp; off, it is taken on arrival."""
+    assert PolicyNode(pendulum_bundle).on_joint_state(["hinge"], [0.1], [0.0], [], stamp=0.0) is None
+    config = NodeConfig()
+    config.inputs.max_stamp_skew = 1.0
+    node = PolicyNode(pendulum_bundle, config)
+    reason = node.on_joint_state(["hinge"], [0.1], [0.0], [], stamp=0.0)
+    assert reason is not None and "must stamp its joint states" in reason and "max_stamp_skew" in reason
+    assert node.states.latest is None and node.refused["stamp"] == 1
+    assert node.diagnostics()["values"]["last_refusal"] == reason
+
+
+def _passive_node(bundle) -> tuple[PolicyNode, float]:
+    """A pendulum node waiting for the operator's start, with a joint state read."""
+    node = PolicyNode(bundle, NodeConfig(shield=ShieldConfig(ramp_time=0.1)))
+    now = 100.0
+    node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
+    node.tick(now)
+    return node, now + DT
+
+
+def _tick(node: PolicyNode, now: float, *requests: str) -> Mode:
+    for request in requests:
+        {"start": node.start, "reset": node.on_reset, "estop": lambda: node.on_estop(True)}[request]()
+    node.on_joint_state(["hinge"], [0.1], [0.0], [], received=now)
+    return node.tick(now).command.mode
+
+
+@pytest.mark.parametrize(
+    ("before", "requests", "reason"),
+    [
+        (("start",), ("start",), "already ramping"),
+        (("start", "wait"), ("start",), "the policy already runs"),
+        (("estop",), ("start",), "the shield is in ESTOP, which only a reset leaves; reset, then start"),
+        ((), ("estop", "start"), "an e-stop came with it"),
+        ((), ("reset", "start", "reset"), "a reset received after it cancelled it"),
+    ],
+)
+def test_a_start_the_node_does_not_carry_out_is_refused_with_its_reason(pendulum_bundle, before, requests, reason):
+    """An operator's start is never dropped in silence: counted as a refusal and said on /diagnostics."""
+    node, now = _passive_node(pendulum_bundle)
+    for step in before:
+        for _ in range(10 if step == "wait" else 1):
+            _tick(node, now, *(() if step == "wait" else (step,)))
+            now += DT
+    assert node.refused["start"] == 0
+    _tick(node, now, *requests)
+    assert node.refused["start"] == 1 and reason in node.last_refusal, node.last_refusal
+    report = node.diagnostics()
+    assert report["level"] >= 1 and report["values"]["refused.start"] == "1"
+    assert reason in report["values"]["last_refusal"] and node.changed.is_set()
+
+
+def test_a_start_before_any_joint_state_is_refused_and_one_after_a_reset_in_the_ramp_ramps(pendulum_bundle) -> None:
+    node = PolicyNode(pendulum_bundle, NodeConfig(shield=ShieldConfig(ramp_time=0.1)))
+    node.start()
+    node.tick(100.0)
+    assert node.shield.mode == Mode.PASSIVE and "no valid joint state yet" in node.last_refusal
+    node, now = _passive_node(pendulum_bundle)
+    assert _tick(node, now, "start") == Mode.RAMP
+    assert _tick(node, now + DT, "reset") == Mode.PASSIVE  # a reset abandons the ramp...
+    assert _tick(node, now + 2 * DT, "start") == Mode.RAMP  # ...and the next start ramps again
+    assert node.refused["start"] == 0
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ([1e308, 0.0, 0.4], "target[0] (value 0) = 1e+308: expected within [0.3, 0.6]"),
+        ([0.5, np.finfo(float).max, 0.4], "target[1] (value 1) = 1.7976931348623157e+308"),
+        ([0.5, 0.0, 1e6], "target[2] (value 2) = 1000000.0: expected within [0.2, 0.6]"),
+        ([0.5, -0.31, 0.4], "target[1] (value 1) = -0.31: expected within [-0.3, 0.3]"),
+    ],
+)
+def test_a_task_command_outside_the_trained_range_is_refused_by_name_and_never_observed(
+    panda_bundle, values, named
+) -> None:
+    """The reach target's box travels in the bundle (`source.ranges`); a value outside it (1e308 would be
+    inf in the float32 observation) is refused naming the topic, the value and the range."""
+    node = PolicyNode(
+        panda_bundle, NodeConfig(autostart=True, require_subscriber=False, shield=ShieldConfig(ramp_time=0.1))
+    )
+    assert node.on_task_command([0.5, 0.0, 0.4]) is None
+    reason = node.on_task_command(values)
+    assert reason is not None and reason.startswith(f"command: /q2real_policy/command: {named}"), reason
+    assert node.refused["command"] == 1 and node.diagnostics()["values"]["last_refusal"] == reason
+    terms = node.bundle.info.metadata["observation"]["terms"]
+    start = sum(t["dim"] for t in terms[: [t["name"] for t in terms].index("target")])
+    pose = [float(v) for v in node.spec.array("default_position")]
+    now = 100.0
+    for _ in range(30):
+        node.on_joint_state(list(node.joints), pose, [0.0] * len(pose), [], received=now)
+        tick = node.tick(now)
+        now += DT
+        if tick.observation is not None:
+            break
+    assert tick.observation is not None
+    np.testing.assert_allclose(tick.observation.reshape(-1)[start : start + 3], [0.5, 0.0, 0.4], rtol=1e-6)
+
+
+def test_a_bundle_without_command_ranges_bounds_commands_by_the_documented_limit(panda_bundle, tmp_path) -> None:
+    def strip(meta: dict) -> None:
+        for term in meta["observation"]["terms"]:
+            term["source"].pop("ranges", None)
+
+    node = PolicyNode(_rewritten(panda_bundle, tmp_path, strip))
+    assert node.on_task_command([0.5, 0.0, 50.0]) is None
+    reason = node.on_task_command([0.5, 0.0, 1e6])
+    assert reason is not None and "target[2] (value 2) = 1000000.0: expected within +-100" in reason
+    assert "gives no range" in reason
+
+
+def test_a_robot_with_more_joints_than_the_compiled_shield_takes_is_refused_saying_so(
+    pendulum_bundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled shield's joint limit (`MAX_JOINTS`, 128) lowered to below the pendulum's one joint."""
+    import q2real.deploy_ros.node
+
+    monkeypatch.setattr(q2real.deploy_ros.node, "MAX_JOINTS", 0)
+    with pytest.raises(BundleError, match=r"metadata\.robot: 1 joints; the compiled shield .* takes at most 0"):
+        PolicyNode(pendulum_bundle)

@@ -14,7 +14,7 @@ import yaml
 from q2real.contracts.schema import BundleError
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.inputs import Inputs, imu_in_base, rotation_matrix
-from q2real.deploy_ros.observation import ObservationBuilder
+from q2real.deploy_ros.observation import UNRANGED_COMMAND_LIMIT, ObservationBuilder
 from q2real.deploy_ros.settings import InputsConfig, TopicConfig
 from q2real.gate.sim_robot import SimWorld
 from q2real.gate.sim_settings import SimRobotConfig
@@ -155,6 +155,28 @@ def test_last_action_and_command_terms_fill_from_their_inputs() -> None:
         builder(np.array([0.5]), np.array([0.0]), {"last_action": np.zeros(2)})
 
 
+def test_command_values_are_named_and_bounded_by_their_terms_ranges_or_the_fallback() -> None:
+    """A term with `ranges` bounds its values by them; one without (a bundle from before them) by
+    +-UNRANGED_COMMAND_LIMIT, which keeps a value that would overflow float32 out of the observation."""
+    meta = {
+        "observation": {
+            "dim": 3,
+            "terms": [
+                {"name": "target", "dim": 2, "source": {"kind": "command", "ranges": [[0.3, 0.6], [-0.2, 0.2]]}},
+                {"name": "speed", "dim": 1, "source": {"kind": "command"}},
+            ],
+        },
+        "action": {"dim": 1},
+    }
+    builder = ObservationBuilder(meta, "bundle.onnx")
+    assert builder.command_names == ["target[0]", "target[1]", "speed"]
+    assert builder.command_refusal(np.array([0.3, 0.2, -UNRANGED_COMMAND_LIMIT])) is None
+    refusal = builder.command_refusal(np.array([0.5, 0.25, 0.0]))
+    assert refusal == "target[1] (value 1) = 0.25: expected within [-0.2, 0.2], the range the policy was trained on"
+    refusal = builder.command_refusal(np.array([0.5, 0.0, 1e308]))
+    assert refusal is not None and refusal.startswith("speed (value 2) = 1e+308: expected within +-100 (the bundle")
+
+
 def test_joint_terms_in_any_order_and_overlap_are_exactly_numpys() -> None:
     """The compiled joint terms against the same terms written in numpy: the joints picked out of
     order, one joint in three terms, an offset, and angles far past +-pi."""
@@ -192,6 +214,9 @@ def test_joint_terms_in_any_order_and_overlap_are_exactly_numpys() -> None:
         ({"kind": "imu"}, "one of"),
         ({"kind": "joint_velocity", "joints": []}, "joint names"),
         ({"kind": "joint_position_cos_sin", "joints": ["a"]}, "disagrees with its source"),
+        ({"kind": "command", "ranges": [[1.0, 0.0]]}, r"source.ranges: expected 1 \[lower, upper\] pairs"),
+        ({"kind": "command", "ranges": [[0.0, 1.0], [0.0, 1.0]]}, "source.ranges: expected 1"),
+        ({"kind": "command", "ranges": [[0.0, None]]}, r"source.ranges\[0\]: expected 2 finite numbers"),
     ],
 )
 def test_a_term_without_a_usable_source_is_refused(source, match) -> None:

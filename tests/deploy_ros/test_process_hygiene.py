@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from q2real.cli.main import main
 from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import session
 from q2real.deploy_ros.session import deploy
@@ -128,6 +129,25 @@ def test_no_joint_state_within_the_startup_timeout_stops_the_sim_robot(pendulum_
         _deploy(pendulum_bundle, config)
     assert spawned, "the failure should come after the robot was started"
     assert not [p.pid for p in spawned if _alive(p.pid)] and not _sim_robots(os.getpid())
+
+
+@pytest.mark.parametrize(
+    ("bundle", "command", "expected"),
+    [
+        ("spot_bundle", ["0.5", "0.1"], "reads 3 command values (forward, lateral, yaw rate), got 2: 0.5 0.1"),
+        ("panda_bundle", ["0.5", "0.1"], "reads 3 command values (target[0], target[1], target[2]), got 2: 0.5 0.1"),
+        ("pendulum_bundle", ["0.5"], "reads no task command; leave --command out"),
+    ],
+)
+def test_a_command_the_policy_cannot_read_is_refused_before_the_sim_robot_starts(
+    request, spawned, capsys, bundle, command, expected
+):
+    """One error naming the flag, not the sim robot's error followed by the node's wait for joint states."""
+    path = request.getfixturevalue(bundle)
+    assert main(["deploy", str(path), "--sim", "--duration", "5", "--command", *command]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"q2real deploy: error: --command: the policy of {path} {expected}"
+    assert not spawned
 
 
 @pytest.mark.slow
