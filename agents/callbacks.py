@@ -22,7 +22,7 @@ from q2real.agents.common.metrics import MetricLogger
 from q2real.agents.common.progress import Progress
 from q2real.agents.common.run_dir import LogConfig
 from q2real.contracts.chunks import ChunkQueue, ChunkSpec
-from q2real.sim import VecEnv
+from q2real.sim import StepResult, VecEnv
 
 
 class EnvName(Protocol):
@@ -62,6 +62,11 @@ class TrainingLoop(Protocol):
     @property
     def config(self) -> LoopConfig: ...
     @property
+    def path(self) -> Path:
+        """The run directory."""
+        ...
+
+    @property
     def agent(self) -> Learner: ...
     @property
     def step(self) -> int:
@@ -80,7 +85,7 @@ class TrainingLoop(Protocol):
     def last_eval_success(self) -> float | None: ...
     @property
     def last_eval_cost(self) -> float | None: ...
-    def evaluate(self) -> float: ...
+    def evaluate(self, watch: Watch | None = None) -> float: ...
     def pop_update_metrics(self) -> dict[str, float]: ...
     def save_checkpoint(self) -> Path: ...
 
@@ -130,11 +135,17 @@ def deterministic_policy(
     return ChunkExecutor(predict, spec, env) if spec.size > 1 else predict
 
 
+Watch = Callable[[VecEnv, StepResult], None]
+"""Called after every evaluation step with the env and the step's result (a film records its frames)."""
+
+
 @torch.no_grad()
-def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int) -> torch.Tensor:
+def evaluate(
+    policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int, watch: Watch | None = None
+) -> torch.Tensor:
     """Return of the first episode of every env under `policy` (one episode per env; what a policy
     with per-episode state does after its env's episode ended is never counted)."""
-    return evaluate_episodes(policy, env, seed)[0]
+    return evaluate_episodes(policy, env, seed, watch)[0]
 
 
 class Episodes(NamedTuple):
@@ -148,7 +159,9 @@ class Episodes(NamedTuple):
 
 
 @torch.no_grad()
-def evaluate_episodes(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int) -> Episodes:
+def evaluate_episodes(
+    policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int, watch: Watch | None = None
+) -> Episodes:
     """As `evaluate`, with each episode's success and cost."""
     obs = env.reset(seed=seed)
     returns = torch.zeros(env.num_envs, device=env.device)
@@ -164,6 +177,8 @@ def evaluate_episodes(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEn
             success = (flag.bool() & ~finished) | (success if success is not None else False)
         finished |= result.done
         obs = result.obs
+        if watch is not None:
+            watch(env, result)
     return Episodes(returns, success, cost)
 
 
@@ -221,11 +236,17 @@ class LogCallback(Callback):
 
 
 class EvalCallback(Callback):
-    """Deterministic evaluation every `eval_every` env steps and at the end; early stop on `stop_return`."""
+    """Deterministic evaluation every `eval_every` env steps and at the end; early stop on `stop_return`.
+    With `log.video`, each evaluation's first episode is filmed to `videos/step_<N>.mp4`: its frames are
+    recorded as it runs and rendered once it is over, so training pays only at evaluations."""
 
     def on_start(self, trainer: TrainingLoop) -> None:
         self._schedule = Every(trainer.config.eval_every, trainer.step)
         self._done_at: int | None = None
+        if trainer.config.log.video:
+            from q2real.sim.filming import check_filming  # rendering's modules, for runs that film only
+
+            check_filming(trainer.config.env.task)  # now, not at the first evaluation an hour in
 
     def on_iteration(self, trainer: TrainingLoop) -> None:
         if self._schedule.due(trainer.step):
@@ -233,7 +254,14 @@ class EvalCallback(Callback):
 
     def _evaluate(self, trainer: TrainingLoop) -> None:
         self._done_at = trainer.step
-        value = trainer.evaluate()
+        config, film = trainer.config, None
+        if config.log.video:
+            from q2real.sim.filming import VIDEO_SECONDS, EpisodeFilm
+
+            film = EpisodeFilm(f"{config.algo} on {config.env.task}, step {trainer.step}", seconds=VIDEO_SECONDS)
+        value = trainer.evaluate(film)
+        if film is not None:
+            film.write(trainer.path / "videos" / f"step_{trainer.step}.mp4")
         success = {"eval_success": trainer.last_eval_success} if trainer.last_eval_success is not None else {}
         assert trainer.last_eval_cost is not None, "evaluate() sets it"
         trainer.logger.log(trainer.step, {"eval_return": value, **success, "eval_cost": trainer.last_eval_cost})

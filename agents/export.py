@@ -177,6 +177,7 @@ def bundle_metadata(
             "output": {"name": "actions", "shape": actions_shape},
         },
         **({"chunk": chunk.metadata(env.control_period)} if chunk.size > 1 else {}),
+        **({"figures": env.figures} if getattr(env, "figures", None) else {}),
         "training": training,
         "git_sha": git_state(Path(__file__).resolve().parent)["git_sha"],
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

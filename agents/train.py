@@ -23,6 +23,7 @@ from q2real.agents.callbacks import (
     EvalCallback,
     LogCallback,
     StopTraining,
+    Watch,
     deterministic_policy,
     evaluate_episodes,
 )
@@ -320,9 +321,10 @@ class Trainer:
         return ParallelLearners(self.agent, self.replay, config.pql, job, self.iteration)
 
     # --- evaluation and checkpoints --------------------------------------------------------------------
-    def evaluate(self) -> float:
+    def evaluate(self, watch: Watch | None = None) -> float:
+        """Mean return of one deterministic episode per eval env; `watch` sees every step (a film)."""
         policy = deterministic_policy(self.agent, self.eval_env)
-        returns, success, cost = evaluate_episodes(policy, self.eval_env, self.config.env.seed + 10_000)
+        returns, success, cost = evaluate_episodes(policy, self.eval_env, self.config.env.seed + 10_000, watch)
         self.last_eval = float(returns.mean())
         self.last_eval_cost = float(cost.mean())
         self.last_eval_success = float(success.float().mean()) if success is not None else None

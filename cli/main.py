@@ -1,5 +1,5 @@
-"""The `q2real` command: `train`, `finetune`, `eval`, `export`, `deploy`, `learn`, `transfer`, `demos`, `envs`,
-`presets`, `rollout`.
+"""The `q2real` command: `train`, `finetune`, `eval`, `export`, `render`, `deploy`, `learn`, `transfer`, `demos`,
+`envs`, `presets`, `rollout`.
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
@@ -322,10 +322,39 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render(args: argparse.Namespace) -> int:
+    from q2real.gate.render import RenderSettings, render
+
+    settings = RenderSettings(
+        seconds=args.seconds,
+        episodes=args.episodes,
+        seed=args.seed,
+        width=args.width,
+        height=args.height,
+        fps=args.fps,
+        gif=args.gif,
+    )
+    shown = [0]
+
+    def progress(done: int, total: int) -> None:
+        if total >= 100 and (10 * done // total > shown[0] or done == total):  # every tenth of a long render
+            shown[0] = 10 * done // total
+            print(f"rendered {done}/{total} frames", flush=True)
+
+    print(f"q2real render: {args.source} ({args.episodes} episode(s), up to {args.seconds:g} s each)", flush=True)
+    result = render(args.source, args.out, settings, progress)
+    returns = ", ".join(f"{r:.1f}" for r in result.returns.tolist())
+    print(f"video: {result.video} ({result.frames} frames, {args.width}x{args.height} at {result.fps:.4g} fps)")
+    if result.gif is not None:
+        print(f"gif: {result.gif} ({result.gif.stat().st_size / 1e6:.2f} MB)")
+    print(f"episode returns (whole episodes): {returns}")
+    return 0
+
+
 def _deploy(args: argparse.Namespace) -> int:
     from q2real.deploy_ros.session import deploy
     from q2real.deploy_ros.settings import NodeConfig
-    from q2real.gate.sim_settings import perturbation_argv
+    from q2real.gate.sim_settings import perturbation_argv, video_argv
 
     overrides = [*args.overrides, *([f"finetune.run={args.finetune}"] if args.finetune else [])]
     overrides += [f"finetune.learner_address={args.learner}"] if args.learner else []
@@ -333,6 +362,13 @@ def _deploy(args: argparse.Namespace) -> int:
     sim_extra = perturbation_argv(args)
     if sim_extra and not args.sim:
         raise ConfigError("--shift, --reset-every and --command are the sim robot's: they need --sim")
+    if args.record_video:
+        if not args.sim:
+            raise ConfigError("--record-video: the sim robot films its run: it needs --sim")
+        from q2real.sim.filming import check_rendering
+
+        check_rendering()  # the encoder and offscreen GL, before the node and the robot start
+        sim_extra += video_argv(args)
     if args.sim and "autostart" not in parse_overrides(args.overrides):
         config = dataclasses.replace(config, autostart=True)  # nobody at a keyboard needs to start a simulated robot
     if args.print_config:
@@ -351,12 +387,14 @@ def _deploy(args: argparse.Namespace) -> int:
         sim_extra=sim_extra,
     )
     print(
-        f"stopped ({summary.stopped_by}) after {summary.ticks} ticks, in mode {summary.mode_at_stop}; the last "
-        f"command was the shield's stop ({summary.mode}); latency p50 {summary.latency_p50_ms:.3f} ms "
+        f"stopped ({summary.stopped_by}) after {summary.ticks} ticks, in mode {summary.mode_at_stop}; then the "
+        f"node sent its final command, the shield's stop ({summary.mode}); latency p50 {summary.latency_p50_ms:.3f} ms "
         f"p99 {summary.latency_p99_ms:.3f} ms; loop deadline misses {summary.loop_deadline_misses}; "
         f"refused messages {summary.refused_messages}"
     )
     print(_shield_report(summary))
+    if summary.figures:
+        print(summary.figures)
     stages = ", ".join(f"{name} {s['p99_ms']:.3f}" for name, s in summary.stages.items() if name != "total")
     print(f"tick path p99 ms: {stages}" + (f" (every tick in {args.timings})" if args.timings else ""))
     if summary.finetune is not None:
@@ -396,6 +434,33 @@ def _monitor(args: argparse.Namespace) -> int:
         print("no q2real node reported: is one running on this domain and network?", file=sys.stderr)
         return 1
     return 0
+
+
+def _operator(args: argparse.Namespace) -> int:
+    """Exit status 0 when the node carried the request out (or, for `status`, reported), 1 otherwise."""
+    import math
+
+    from q2real.configs import checks
+    from q2real.deploy_ros.remote import NoNode, operate, status
+    from q2real.deploy_ros.settings import NODE_NAME
+
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ConfigError(f"--timeout: expected seconds > 0, got {args.timeout}")
+    node = args.node or NODE_NAME
+    try:
+        checks.ros_name("--node", f"/{node}")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    try:
+        if args.request == "status":
+            print(status(args.timeout, args.topic, args.loopback))
+            return 0
+        answer = operate(args.request, node, args.timeout, args.topic, args.loopback)
+    except NoNode as err:
+        print(f"q2real operator: {err}", file=sys.stderr)
+        return 1
+    print(answer.text)
+    return 0 if answer.done else 1
 
 
 def _learn(args: argparse.Namespace) -> int:
@@ -462,8 +527,9 @@ def _transfer(args: argparse.Namespace) -> int:
         **defaults,
     )
     lowest = report["transfer_ratio_in_range_lower"]
+    verdict = "PASSED" if report["passed"] else f"FAILED on {', '.join(report['failed_rows'])}"
     print(
-        f"trained on {report['trained_backend']}, gated on {report['gate_backend']}; return as trained "
+        f"gate {verdict}: trained on {report['trained_backend']}, gated on {report['gate_backend']}; return as trained "
         f"{report['reference_return']:.2f} (no shield {report['unshielded_return']:.2f}); lowest in-range "
         f"interval bound {'none' if lowest is None else f'{lowest:.3f}'} (threshold {report['threshold']:g}); "
         f"table {args.run_dir}/transfer.json, plot {args.run_dir}/transfer.png"
@@ -479,7 +545,7 @@ def _job_arguments(parser: argparse.ArgumentParser, example: str = "env.num_envs
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from q2real.gate.sim_settings import add_perturbation_arguments
+    from q2real.gate.sim_settings import add_perturbation_arguments, add_video_argument
 
     parser = argparse.ArgumentParser(prog="q2real", description="Off-policy RL from batched MuJoCo to ROS 2 robots")
     parser.add_argument("--debug", action="store_true", help="show the traceback of q2real's own errors too")
@@ -510,6 +576,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("run_dir", metavar="RUN_DIR")
     export.add_argument("-o", "--output", metavar="ONNX", help="default: RUN_DIR/policy.onnx")
     export.set_defaults(func=_export)
+    film = command("render", help="film a policy on its robot in simulation: an MP4 (and a GIF with --gif)")
+    film.add_argument("source", metavar="RUN_DIR|BUNDLE", help="a training run directory or a policy bundle (.onnx)")
+    film.add_argument("--out", metavar="MP4", help="default: BUNDLE with .mp4, or RUN_DIR/videos/policy.mp4")
+    film.add_argument("--seconds", type=float, default=10.0, help="seconds of each episode to film (default 10)")
+    film.add_argument("--episodes", type=int, default=1, help="episodes to film, one after the other")
+    film.add_argument("--seed", type=int, default=12345)
+    film.add_argument("--width", type=int, default=640)
+    film.add_argument("--height", type=int, default=480)
+    film.add_argument("--fps", type=float, default=25.0, help="frame rate aimed at (whole control steps per frame)")
+    film.add_argument("--gif", action="store_true", help="also write a GIF for docs (<= 320 px wide, 12.5 fps)")
+    film.set_defaults(func=_render)
     envs = command("envs", help="list registered tasks and env adapters")
     envs.add_argument("--task", help="show one task's description and default task_params")
     envs.set_defaults(func=_envs)
@@ -522,6 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--finetune", metavar="RUN_DIR", help="fine-tune the policy on the robot, continuing this run")
     dep.add_argument("--learner", metavar="HOST:PORT", help="fine-tune it on a remote learner (`q2real learn --serve`)")
     add_perturbation_arguments(dep, "sim robot: ")
+    add_video_argument(dep, "sim robot: ")
     _job_arguments(dep, "autostart=true shield.ramp_time=2.0 record=session.mcap")
     dep.set_defaults(func=_deploy)
     mon = command("monitor", help="follow a running node's /diagnostics over DDS (no ROS install needed)")
@@ -530,6 +608,19 @@ def build_parser() -> argparse.ArgumentParser:
     mon.add_argument("--count", type=int, help="stop after this many reports")
     mon.add_argument("--loopback", action="store_true", help="DDS on 127.0.0.1 only, as `deploy --sim` uses")
     mon.set_defaults(func=_monitor)
+    op = command(
+        "operator", help="start, stop, reset or e-stop a running node over DDS, or print its status (no ROS needed)"
+    )
+    op.add_argument(
+        "request",
+        choices=("start", "stop", "reset", "estop", "status"),
+        help="published on the node's ~/start, ~/stop, ~/reset (std_msgs/Empty) or ~/estop (std_msgs/Bool true)",
+    )
+    op.add_argument("--node", help="the node's name, under which ~/ topics resolve (default q2real_policy)")
+    op.add_argument("--timeout", type=float, default=5.0, help="seconds to find the node and hear its answer")
+    op.add_argument("--topic", default="/diagnostics", help="the node's diagnostics topic (default /diagnostics)")
+    op.add_argument("--loopback", action="store_true", help="DDS on 127.0.0.1 only, as `deploy --sim` uses")
+    op.set_defaults(func=_operator)
     learn = command("learn", help="serve robots' fine-tuning: a learner on this machine for `deploy --learner`")
     learn.add_argument("run_dir", metavar="RUN_DIR", help="the trained run each robot session fine-tunes")
     learn.add_argument("--serve", required=True, metavar="HOST:PORT", help="listen here (e.g. 0.0.0.0:50051)")

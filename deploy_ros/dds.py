@@ -209,9 +209,18 @@ class DdsNode:
     the recorder. Diagnostics are published from their own thread from construction to `close`.
     """
 
-    def __init__(self, node: PolicyNode, domain: int | None = None, recorder=None):
+    def __init__(
+        self,
+        node: PolicyNode,
+        domain: int | None = None,
+        recorder=None,
+        on_report: Callable[[Report], None] | None = None,
+    ):
+        """`on_report`: called with each report once it is published, on the diagnostics thread (the
+        console's mode-change lines), so that what it does never delays a tick."""
         self.node = node
         self.recorder = recorder
+        self.on_report = on_report
         config = node.config
         topics = config.topics
         self.dds = Endpoints(domain)
@@ -296,6 +305,8 @@ class DdsNode:
         if mode != self._mode:  # latched: a panel that starts later still reads the current mode
             self._mode = mode
             self.mode_writer.write(msg.String(data=mode))
+        if self.on_report is not None:
+            self.on_report(report)
 
     def run(self, stop: threading.Event) -> None:
         self.wait_for_robot()

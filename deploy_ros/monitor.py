@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.dds import Endpoints, use_loopback
+from q2real.deploy_ros.figures import figures_line
 
 STATUS = "q2real_policy: shield"
 """The status name the node reports under (`q2real.deploy_ros.commands.diagnostics_message`)."""
@@ -32,6 +33,9 @@ def status_line(status, received: float) -> str:
         f"loop misses {values.get('loop_deadline_misses', '?')}  "
         f"refused {values.get('refused_messages', '?')}  flags {values.get('flags', '-')}"
     )
+    figures = figures_line(values)
+    if figures:
+        line += f"\n    figures: {figures}"
     for key in ("waiting_for_controller", "waiting_for_inputs", "last_refusal", "robot_mismatch"):
         if values.get(key):
             line += f"\n    {key}: {values[key]}"

@@ -39,6 +39,7 @@ import numpy as np
 from q2real.contracts.chunks import ChunkQueue
 from q2real.contracts.schema import BundleError, brief, robot_from_metadata
 from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.deploy_ros.figures import TaskFigures
 from q2real.deploy_ros.inputs import Inputs
 from q2real.deploy_ros.joint_states import JointSample, JointStates
 from q2real.deploy_ros.observation import ObservationBuilder
@@ -125,6 +126,8 @@ class PolicyNode:
         self.period = self.spec.control_period
         self.observation = ObservationBuilder(meta, source, functools.partial(load_model, self._local))
         self.inputs = Inputs(self.observation, config.inputs, self.spec.imu, config.topics, source)
+        self.figures = TaskFigures(meta, self.observation, functools.partial(load_model, self._local), source)
+        """How the task goes, for the operator: sampled with the diagnostics, never on a tick."""
         """The IMU, velocity command and object pose streams the policy reads, with their age limits."""
         self.names = self.spec.joint_names
         # Every joint a valid message must carry: the actuated ones and the ones the policy observes.
@@ -409,6 +412,8 @@ class PolicyNode:
             self._autostart = self._handover = False  # the shield may have latched one itself (a sensor fault)
             if mode != Mode.ESTOP:
                 self.requests.latched_at = time.monotonic()
+        if obs is not None:
+            self.figures.latest = (obs, q)
         state = (q, qd) if sample is not None else (None, None)
         values = self.output(command, *state)
         self.ticks += 1
@@ -633,6 +638,7 @@ class PolicyNode:
         values |= {f"stage_p99_ms.{k}": f"{v['p99_ms']:.3f}" for k, v in stages.items() if k != "total"}
         values |= {f"refused.{k}": v for k, v in sorted(self.refused.copy().items())}
         values |= {f"shield.{k}": v for k, v in shield.counters.rules.items() if v}
+        values |= self.figures.sample()
         return {"level": level, "message": mode.name, "values": {k: str(v) for k, v in values.items()}}
 
 

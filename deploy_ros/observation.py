@@ -125,7 +125,7 @@ def _joint_terms(position, velocity, out, kinds, starts, counts, index, first, o
                 out[start + n + i] = np.sin(position[j])
 
 
-class _Kinematics:
+class Kinematics:
     """World position of a point fixed to a body of the robot's own model, from joint positions."""
 
     def __init__(self, model, body: str, offset: list[float], joints: list[str], where: str):
@@ -136,7 +136,7 @@ class _Kinematics:
         self._mujoco, self.model, self.data = mujoco, model, mujoco.MjData(model)
         self.body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, body)
         if self.body < 0:
-            raise BundleError(f"{where}: source.body: no body '{brief(body)}' in this machine's robot model")
+            raise BundleError(f"{where}: source.body: no body {brief(body)} in this machine's robot model")
         ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in joints]
         if min(ids) < 0:
             raise BundleError(f"{where}: source.joints: {brief(joints)} are not all joints of the robot model")
@@ -190,7 +190,7 @@ class ObservationBuilder:
         """(3, 2) lower/upper bounds of the velocity command, if the bundle reads one."""
         self.object_frame: str | None = None
         """The frame a tracked object's pose must be given in, if the bundle reads one."""
-        self._kinematics: dict[int, _Kinematics] = {}
+        self._kinematics: dict[int, Kinematics] = {}
         model = None
         for i, term in enumerate(terms):
             where = f"{source}: metadata.observation.terms[{i}] ({brief(term['name'])})"
@@ -242,7 +242,7 @@ class ObservationBuilder:
                 body = spec.get("body")
                 if not isinstance(body, str) or not body:
                     raise BundleError(f"{where}: source.body: expected a body name, got {brief(body)}")
-                self._kinematics[i] = _Kinematics(model, body, point, names, where)
+                self._kinematics[i] = Kinematics(model, body, point, names, where)
             elif kind == "velocity_command":
                 self._velocity_ranges(spec.get("ranges"), where)
             elif kind == "object_position":
@@ -254,6 +254,8 @@ class ObservationBuilder:
                 self.object_frame = frame
             parsed.append(_Term(term["name"], kind, start, dim, np.asarray(index, dtype=np.intp), offset))
             start += dim
+        self.spans = {t.kind: slice(t.start, t.start + t.dim) for t in reversed(parsed)}
+        """Where in the observation each source kind's first term lies: what the task figures read."""
         self.command_ranges = np.asarray(command_ranges, dtype=float).reshape(-1, 2)
         """(command_dim, 2) lower/upper bounds of each command value the node takes."""
         self.joints = tuple(joints)

@@ -11,6 +11,7 @@ is started (it must not inherit them) and before the node's DDS threads exist (t
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -19,12 +20,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import realtime
 from q2real.deploy_ros.dds import ROBOT_STARTUP, DdsNode, use_loopback
+from q2real.deploy_ros.diagnostics import Report
+from q2real.deploy_ros.figures import figures_line
 from q2real.deploy_ros.finetune import FineTuning
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.observation import VELOCITY_COMMAND_NAMES
@@ -69,6 +73,8 @@ class Summary:
     finetune: dict[str, object] | None = None
     """With fine-tuning: versions swapped in, refused, rolled back and accepted, the version running at
     the end, the learner's exit status (None: it was still running) and the fine-tuning directory."""
+    figures: str = ""
+    """The task's figures over the run (`TaskFigures.summary`); empty when the policy never ran."""
 
 
 def start_sim_robot(
@@ -215,6 +221,7 @@ def deploy(
         policy_queries=node.policy_queries,
         cost_q_range=node.cost_q_range if math.isfinite(node.cost_q_range[0]) else None,
         finetune=tuning.summary() if tuning is not None else None,
+        figures=node.figures.summary(),
     )
 
 
@@ -241,7 +248,7 @@ def _serve(
 ) -> None:
     """The node on DDS until `stop`; it always ends with a last safe command and a closed bag.
     `startup`: seconds to wait for the first joint state when `startup_timeout` is not set."""
-    transport = DdsNode(node)
+    transport = DdsNode(node, on_report=ModeLines() if status_every else None)
     stop = stopper.event
     recorder = None
     try:
@@ -287,6 +294,22 @@ def _wait_for_enter(node: PolicyNode) -> None:
         node.start()
 
 
+class ModeLines:
+    """The console's line for every mode change and every reason the node gives (`12:00:01  mode ESTOP:
+    operator stop`), printed as the report goes out, at once: the periodic status line may come a
+    second later, and a tick never prints."""
+
+    def __init__(self, out: Callable[[str], None] | None = None):
+        self._out = out or functools.partial(print, flush=True)
+        self._mode = Mode.PASSIVE.name  # where every node starts: not a change worth a line
+
+    def __call__(self, report: Report) -> None:
+        mode, message = report["values"]["mode"], report["message"]
+        if mode != self._mode or message != mode:  # the message is `MODE: reason` when there is a reason
+            self._mode = mode
+            self._out(f"{time.strftime('%H:%M:%S')}  mode {message}")
+
+
 def _print_status(node: PolicyNode, every: float, stop: threading.Event) -> None:
     refused = 0
     while not stop.wait(every):
@@ -300,6 +323,9 @@ def _status_line(node: PolicyNode, refused_before: int = 0) -> tuple[str, int]:
     report = node.diagnostics()["values"]
     refused = int(report["refused_messages"])
     notes = [report[key] for key in ("waiting_for_controller", "waiting_for_inputs") if key in report]
+    figures = figures_line(report)
+    if figures:
+        notes.insert(0, f"figures: {figures}")
     if refused > refused_before:
         notes.append(f"refused: {report['last_refusal']}")
     line = (

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from q2real.agents.callbacks import ChunkExecutor, deterministic_policy, evaluate
+from q2real.agents.callbacks import ChunkExecutor, Watch, deterministic_policy, evaluate
 from q2real.agents.common.checkpoint import CHECKPOINT
 from q2real.agents.config import load_run_config
 from q2real.agents.learners import restore_agent
@@ -20,12 +20,16 @@ from q2real.sim.config import target_actions
 
 
 def evaluate_run(
-    run_dir: str | Path, episodes: int = 20, seed: int = 12345, bundle: str | Path | None = None
+    run_dir: str | Path,
+    episodes: int = 20,
+    seed: int = 12345,
+    bundle: str | Path | None = None,
+    watch: Watch | None = None,
 ) -> torch.Tensor:
     """Returns of `episodes` deterministic episodes (one per env). With `bundle`, the exported ONNX policy
     acts (through onnxruntime) instead of the torch checkpoint, on the very same seeded episodes. BC and
     residual runs are judged through their bundle (exported to a temporary file when none is given):
-    their policy is more than one agent's actor."""
+    their policy is more than one agent's actor. `watch` sees every step (a film)."""
     run_dir = Path(run_dir)
     if episodes < 1:
         raise ConfigError(f"--episodes: expected >= 1, got {episodes}")
@@ -33,16 +37,17 @@ def evaluate_run(
     if kind != "rl":
         env_config = run_env_config(run_dir, kind)
         if bundle is not None:
-            return _evaluate_bundle(env_config, Path(bundle), episodes, seed)
+            return evaluate_bundle(env_config, Path(bundle), episodes, seed, watch)
         with tempfile.TemporaryDirectory() as tmp:
-            return _evaluate_bundle(env_config, export_for_run(run_dir, Path(tmp) / "policy.onnx"), episodes, seed)
+            exported = export_for_run(run_dir, Path(tmp) / "policy.onnx")
+            return evaluate_bundle(env_config, exported, episodes, seed, watch)
     config = load_run_config(run_dir, *(() if bundle is not None else (CHECKPOINT,)))
     if bundle is not None:
-        return _evaluate_bundle(config.env, Path(bundle), episodes, seed)
+        return evaluate_bundle(config.env, Path(bundle), episodes, seed, watch)
     env = make(dataclasses.replace(config.env, num_envs=episodes, seed=seed))
     try:
         agent, _ = restore_agent(run_dir, config, env)
-        return evaluate(deterministic_policy(agent, env), env, seed).cpu()
+        return evaluate(deterministic_policy(agent, env), env, seed, watch).cpu()
     finally:
         env.close()
 
@@ -82,7 +87,11 @@ def export_for_run(run_dir: str | Path, output: str | Path | None = None) -> Pat
     return export(run_dir, output)
 
 
-def _evaluate_bundle(env_config: EnvConfig, bundle: Path, episodes: int, seed: int) -> torch.Tensor:
+def evaluate_bundle(
+    env_config: EnvConfig, bundle: Path, episodes: int, seed: int, watch: Watch | None = None
+) -> torch.Tensor:
+    """Returns of `episodes` deterministic episodes of `bundle` (through onnxruntime, as the robot runs
+    it) on the env of `env_config`, one per env."""
     from q2real.deploy_ros.bundle import PolicyBundle
 
     runner = PolicyBundle(bundle)
@@ -95,6 +104,6 @@ def _evaluate_bundle(env_config: EnvConfig, bundle: Path, episodes: int, seed: i
 
         chunk = runner.info.chunk
         policy = ChunkExecutor(predict, chunk, env) if chunk.size > 1 else predict
-        return evaluate(policy, env, seed).cpu()
+        return evaluate(policy, env, seed, watch).cpu()
     finally:
         env.close()

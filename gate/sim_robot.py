@@ -38,13 +38,15 @@ import numpy as np
 from cyclonedds.idl import IdlStruct
 from cyclonedds.pub import DataWriter
 
+from q2real.configs.errors import Q2RealError
 from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.commands import command_values, stamp_now
 from q2real.deploy_ros.dds import LATCHED_QOS, SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.programs import SIM_ROBOT
 from q2real.deploy_ros.settings import NODE_NAME, NodeConfig, resolve_topic
 from q2real.deploy_ros.signals import on_signal
-from q2real.gate.sim_settings import PERTURBATIONS, SimRobotConfig, add_perturbation_arguments
+from q2real.gate.ground_truth import GroundTruth
+from q2real.gate.sim_settings import PERTURBATIONS, SimRobotConfig, add_perturbation_arguments, add_video_argument
 from q2real.hardware.model import actuator_for_joint, load_model
 from q2real.hardware.spec import RobotSpec, robot_spec
 from q2real.hardware.stance import standing_height
@@ -398,6 +400,8 @@ class SimRobot:
             writer = self.dds.writer(topics.object_pose, msg.PoseStamped, SENSOR_QOS)
             self.streams.append((_every(config.object_rate, dt), writer, world.object_message))
         self.commands = Commands(world, config)
+        self.ground_truth = GroundTruth(self.model, self.data, world.base) if world.base is not None else None
+        """How the floating base really moved, printed for the operator (the node cannot measure it)."""
         if self.commands.enabled:
             # At 10 Hz: fresh for the node's velocity command timeout, and heard by a node that starts late.
             name, kind = (
@@ -419,6 +423,13 @@ class SimRobot:
         self._shift_fields: dict[str, np.ndarray] = {}
         if config.shift:
             self._shift_fields = self._shifted_fields(config.shift)
+        self.video = None
+        """The run's film (`--record-video`): the loop offers its state once a frame period."""
+        if config.record_video:
+            from q2real.gate.run_video import RunVideo  # rendering needs the simulator's modules (and torch)
+
+            self.video = RunVideo(config.record_video, self.model, dt, self.data.qpos)
+        self._target_radius = getattr(world.task_cls.Config(), "success_radius", 0.03) if world.task_cls else 0.03
 
     def _shifted_fields(self, shift: dict[str, float]) -> dict[str, np.ndarray]:
         """The model fields of the shift, computed as the training env's randomization would (its
@@ -475,6 +486,28 @@ class SimRobot:
             data.qvel[:] = 0.0
             mujoco.mj_forward(self.model, data)
 
+    def caption(self) -> tuple[str, ...]:
+        """What the video writes on a frame: the time, the command published, a floating base's true velocity."""
+        lines = [f"sim robot {self.spec.name}   t {self.data.time:5.1f} s"]
+        current = self.commands.current
+        if current and self.commands.velocity:
+            lines.append(f"command  vx {current[0]:+.2f}  vy {current[1]:+.2f}  wz {current[2]:+.2f}")
+        elif current:
+            lines.append("command " + "  ".join(f"{value:+.3f}" for value in current))
+        if self.world.base is not None:
+            from q2real.gate.run_video import base_velocity
+
+            forward, lateral, yaw = base_velocity(self.model, self.data, self.world.base)
+            lines.append(f"base     vx {forward:+.2f}  vy {lateral:+.2f}  wz {yaw:+.2f} (ground truth)")
+        return tuple(lines)
+
+    def target(self) -> np.ndarray | None:
+        """The published command as a point to mark (a reach or push target, on the floor if 2-D)."""
+        current = self.commands.current
+        if self.commands.velocity or len(current) not in (2, 3):
+            return None
+        return np.array([*current, 0.0][:3], dtype=float)
+
     def run(self, stop: threading.Event, duration: float | None = None, parent: int | None = None) -> None:
         """Publish each stream when due, apply the newest command and step, one physics step per wake-up,
         in real time.
@@ -502,15 +535,22 @@ class SimRobot:
                 self._perturb(now)
                 if self.commands.episodes is not None:
                     self.commands.episodes.step()
+                if self.ground_truth is not None and now >= self._first_command:
+                    self.ground_truth.step(data.time, self.commands.current if self.commands.velocity else None)
             self._apply(now)
             mujoco.mj_step2(model, data)
             step += 1
+            if self.video is not None and step % self.video.every == 0:
+                self.video.offer(step, data.qpos, self.caption(), self.target(), self._target_radius)
             next_at += dt
             delay = next_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             else:
                 next_at = time.monotonic()  # fell behind real time: do not try to catch up in a burst
+        summary = self.ground_truth.summary(data.time) if self.ground_truth is not None else ""
+        if summary:
+            print(summary, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -535,6 +575,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=None, help="seconds, default: until SIGINT/SIGTERM")
     parser.add_argument("--loopback", action="store_true", help="keep DDS on 127.0.0.1 (no network)")
     add_perturbation_arguments(parser)
+    add_video_argument(parser)
     parser.add_argument(
         "--task-commands", action="store_true", help="publish the task's commands, a new one every episode (--task)"
     )
@@ -572,10 +613,11 @@ def main(argv: list[str] | None = None) -> None:
         command=tuple(args.sim_command),
         task_commands=args.task_commands,
         object_position=tuple(args.object_at),
+        record_video=args.record_video,
     )
     try:
         robot = SimRobot(robot_spec(args.robot), config)
-    except ValueError as err:
+    except (ValueError, Q2RealError) as err:
         parser.error(str(err))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -590,6 +632,8 @@ def main(argv: list[str] | None = None) -> None:
         robot.dds.close()
         if robot.commands.episodes is not None:
             print(robot.commands.episodes.summary(), flush=True)
+        if robot.video is not None:
+            print(robot.video.close(), flush=True)
 
 
 def _assignments(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, float]:

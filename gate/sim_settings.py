@@ -58,6 +58,9 @@ class SimRobotConfig:
     object_position: tuple[float, ...] = ()
     """Where the tracked object starts (x, y, z in the world, m); empty: where the task's scene puts it.
     The transfer gate's ROS 2 row starts each episode's object where its simulated episode started."""
+    record_video: str | None = None
+    """An MP4 the robot films its run to (rendered offscreen beside the physics loop, about 25 fps);
+    None: no video."""
 
 
 PERTURBATIONS = ("shift", "shift_at", "reset_every", "reset_spread")
@@ -97,6 +100,21 @@ def add_perturbation_arguments(parser: argparse.ArgumentParser, prefix: str = ""
         default=defaults.reset_spread,
         help=f"{prefix}half-width (rad or m) of a reset around the default pose",
     )
+
+
+def add_video_argument(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """`--record-video`, declared once for the sim robot's command line and `q2real deploy`'s."""
+    parser.add_argument(
+        "--record-video",
+        metavar="MP4",
+        default=None,
+        help=f"{prefix}film the run to this MP4 (rendered offscreen; needs pip install 'q2real[video]')",
+    )
+
+
+def video_argv(args: argparse.Namespace) -> list[str]:
+    """The sim robot's command-line flag for the video parsed into `args` (none if unset)."""
+    return ["--record-video", args.record_video] if args.record_video else []
 
 
 def perturbation_argv(args: argparse.Namespace) -> list[str]:

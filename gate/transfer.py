@@ -16,6 +16,7 @@ several of the same episodes, its return measured from the joint states on the w
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 from dataclasses import dataclass
@@ -225,6 +226,19 @@ def other_backend(trained: str) -> str:
     return "mjx" if resolve_backend(trained) == "mujoco" else "mujoco"
 
 
+def _default_backend(trained: str, progress) -> str:
+    """The backend the run did not train on, or, where MJX is not installed (the quick start installs
+    only native MuJoCo), the native one, said so: the rows then test perturbations, not the backend."""
+    backend = other_backend(trained)
+    if backend == "mjx" and not all(importlib.util.find_spec(name) for name in ("jax", "mujoco.mjx")):
+        progress(
+            "  gate backend: MJX is not installed (pip install 'q2real[mjx]'), so the rows run on mujoco, the "
+            "backend the run trained on; --backend mjx gates across backends once MJX is there"
+        )
+        return "mujoco"
+    return backend
+
+
 def run_gate(
     run_dir: str | Path,
     backend: str | None = None,
@@ -254,7 +268,7 @@ def run_gate(
     bundle = PolicyBundle(bundle_path)
     logged = in_training_return(run_dir)
     trained_backend = resolve_backend(env_config.backend)
-    backend = backend or other_backend(trained_backend)
+    backend = backend or _default_backend(trained_backend, progress)
     spec = robot_spec(bundle.info.metadata["robot"]["name"])
     rows_wanted = perturbations(env_config.randomization, spec, load_model(spec))
     if only:
@@ -361,7 +375,7 @@ def run_gate(
         "transfer_ratio_in_range": together[0].ratio if together else None,
         "min_ratio_in_range": min((r.ratio for r in transfer if r.in_range), default=None),
         "transfer_ratio_in_range_lower": min(
-            (r.low for r in transfer if r.in_range and r.low is not None), default=None
+            (r.ratio if r.low is None else r.low for r in transfer if r.in_range), default=None
         ),
         "shield_intervention_rate": as_trained.interventions,
         "shield_change": as_trained.change,

@@ -124,6 +124,7 @@ class TaskEnv(VecEnv):
         self.obs_dim = sum(self.obs_dims) + self.critic_dim
         sources = self.task.observed_sources()
         self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
+        self.figures = self.task.figures()
         # A task without robot sources names its terms only: of those, the previous action is known exactly.
         kinds = self.obs_names if self.obs_sources is None else tuple(source["kind"] for source in self.obs_sources)
         exact = [

@@ -171,6 +171,19 @@ class Task(ABC):
         term name; None for a task that cannot be deployed. Policy bundles carry it to the robot."""
         return None
 
+    def figures(self) -> dict | None:
+        """What the deploy node needs, beyond the observation, to show the operator how the task goes
+        (`q2real.deploy_ros.figures`): a fall tilt, a point whose distance to the target counts, a
+        success radius. Policy bundles carry it as `figures`; None: the observation's own figures only."""
+        return None
+
+    def site_point(self, site: str) -> dict:
+        """A site of the robot as a `body_point`: its body and its offset there, moved by every joint."""
+        index = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, site)
+        body = mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_BODY, int(self.model.site_bodyid[index]))
+        offset = self.model.site_pos[index].tolist()
+        return {"kind": "body_point", "joints": self.spec.joint_names, "body": body, "offset": offset}
+
     @abstractmethod
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         """Per-env reward after a step taken with `action` (the action that reached the actuators)."""

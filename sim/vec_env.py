@@ -58,6 +58,8 @@ class VecEnv(ABC):
     obs_dims: tuple[int, ...]
     obs_sources: tuple[dict, ...] | None = None
     """Per term, where it comes from on a robot (`q2real.deploy_ros.observation`); None if unknown."""
+    figures: dict | None = None
+    """What the deploy node needs to show the operator the task's figures (`Task.figures`)."""
     action_scale: torch.Tensor
     action_offset: torch.Tensor
     """The command an action in [-1, 1] stands for is `action_offset + action_scale * action`, in the

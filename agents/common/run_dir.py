@@ -6,6 +6,7 @@ runs/<name>/metrics.jsonl  one JSON object per log step; metrics.csv mirrors it
 runs/<name>/tb/            TensorBoard events
 runs/<name>/curves.png     learning curves vs env steps and vs wall-clock
 runs/<name>/wandb/         the wandb run, with `log.wandb` online or offline (`wandb sync` uploads an offline one)
+runs/<name>/videos/        with `log.video`, the first episode of every evaluation: step_<N>.mp4
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class LogConfig:
     wandb_project: str = "q2real"
     interval_steps: int = 10_000
     """Env steps (summed over envs) between two metric records."""
+    video: bool = False
+    """Film the first episode of every evaluation to `videos/step_<N>.mp4` (rendered offscreen after the
+    evaluation, a few seconds each; needs `pip install 'q2real[video]'` and EGL or OSMesa)."""
 
     def validate(self) -> None:
         """A run name is one folder inside `root`: no separators or `..` that would write elsewhere."""

@@ -23,6 +23,7 @@ from q2real.agents.callbacks import (
     EvalCallback,
     LogCallback,
     StopTraining,
+    Watch,
     evaluate_episodes,
 )
 from q2real.agents.common.checkpoint import CHECKPOINT, CheckpointError, check_shapes, load_checkpoint, save_checkpoint
@@ -155,10 +156,10 @@ class StreamTrainer:
             return {}
         return dict(zip(values, torch.stack(list(values.values())).tolist(), strict=True))
 
-    def evaluate(self) -> float:
+    def evaluate(self, watch: Watch | None = None) -> float:
         agent = self.agent
         returns, success, cost = evaluate_episodes(
-            lambda obs: agent.act(obs, deterministic=True), self.eval_env, self.config.env.seed + 10_000
+            lambda obs: agent.act(obs, deterministic=True), self.eval_env, self.config.env.seed + 10_000, watch
         )
         self.last_eval = float(returns.mean())
         self.last_eval_cost = float(cost.mean())

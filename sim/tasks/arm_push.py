@@ -124,20 +124,17 @@ class ArmPush(Task):
 
     def observation_sources(self) -> dict[str, dict]:
         joints = self.spec.joint_names
-        pusher = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, "pusher")
-        body = mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_BODY, int(self.model.site_bodyid[pusher]))
         return {
             "joint_position": {"kind": "joint_position", "joints": joints},
             "joint_velocity": {"kind": "joint_velocity", "joints": joints},
-            "end_effector": {
-                "kind": "body_point",
-                "joints": joints,
-                "body": body,
-                "offset": self.model.site_pos[pusher].tolist(),
-            },
+            "end_effector": self.site_point("pusher"),
             "cube_position": {"kind": "object_position", "frame_id": "world"},
             "target": self.command_source(self.config.target_low, self.config.target_high),
         }
+
+    def figures(self) -> dict:
+        """The cube's distance to the target is read from the observation; success is within the radius."""
+        return {"within": self.config.success_radius}
 
     def success(self, physics: PhysicsState) -> torch.Tensor:
         distance = (self.cube_position(physics)[:, :2] - self.command).norm(dim=-1)

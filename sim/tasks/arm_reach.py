@@ -113,6 +113,10 @@ class ArmReach(Task):
             "target": self.command_source(self.config.target_low, self.config.target_high),
         }
 
+    def figures(self) -> dict:
+        """The end effector by forward kinematics on the robot, and success within the radius."""
+        return {"point": self.site_point(END_EFFECTOR), "within": self.config.success_radius}
+
     def distance(self, physics: PhysicsState) -> torch.Tensor:
         return (physics.sensordata[:, self._ee] - self.command).norm(dim=-1)
 

@@ -101,6 +101,10 @@ class FloatingBaseTask(Task):
             "base_height": self.base_height(physics)[:, None],
         }
 
+    def figures(self) -> dict:
+        """A fall, as training terminates on one, is a tilt past `max_tilt` (the node has no height)."""
+        return {"fall_tilt": self.config.max_tilt}
+
     def base_sources(self) -> dict[str, dict]:
         """Robot-side sources of the terms every floating-base task observes: the base IMU's gravity and
         gyro (in the base frame through the spec's IMU mounting) and the joints around the default pose."""

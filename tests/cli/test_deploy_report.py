@@ -1,9 +1,12 @@
-"""What `q2real deploy` prints when it stops: how the run ended and what the policy and shield did."""
+"""What `q2real deploy` prints: each mode change as it happens, the status line, and when it stops how the run
+ended and what the policy and shield did."""
 
 from __future__ import annotations
 
+import time
+
 from q2real.cli.main import _shield_report
-from q2real.deploy_ros.session import Summary
+from q2real.deploy_ros.session import ModeLines, Summary
 
 
 def _summary(**fields) -> Summary:
@@ -64,3 +67,24 @@ def test_the_console_status_names_the_newest_refusal_once() -> None:
     assert refused == 1 and line.endswith("refused 1\n  refused: start: the policy already runs")
     line, refused = _status_line(node, refused)  # pyright: ignore[reportArgumentType]
     assert refused == 1 and line.endswith("refused 1")
+
+
+def test_the_console_says_each_mode_change_and_reason_once_and_nothing_for_a_quiet_report() -> None:
+    """As the node reports it, not at the next status line: an operator sees a stop and its reason at once."""
+    said: list[str] = []
+    lines = ModeLines(said.append)
+    for mode, message in [
+        ("PASSIVE", "PASSIVE"),  # where every node starts
+        ("RAMP", "RAMP: operator start: ramping from the measured pose to the default pose"),
+        ("RAMP", "RAMP"),
+        ("RUN", "RUN"),  # a change without a reason still gets its line
+        ("RUN", "RUN"),
+        ("ESTOP", "ESTOP: operator stop"),
+    ]:
+        lines({"message": message, "values": {"mode": mode}})
+    assert [line.split("  ", 1)[1] for line in said] == [
+        "mode RAMP: operator start: ramping from the measured pose to the default pose",
+        "mode RUN",
+        "mode ESTOP: operator stop",
+    ]
+    assert all(time.strptime(line.split("  ", 1)[0], "%H:%M:%S") for line in said)

@@ -260,3 +260,18 @@ def test_a_return_against_a_negative_reference_is_judged_by_the_returns_not_the_
     assert better.passed and better.ratio < 0
     worse = judged("row", torch.tensor([-600.0, -700.0]), torch.tensor([-400.0, -500.0]), 0.9)
     assert not worse.passed and worse.ratio > 1  # as a ratio it would have passed
+
+
+def test_without_mjx_the_gate_says_it_runs_on_native_mujoco(monkeypatch) -> None:
+    import importlib.util
+
+    from q2real.gate import transfer
+
+    said: list[str] = []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "jax" else object())
+    assert transfer._default_backend("mujoco", said.append) == "mujoco"
+    assert "MJX is not installed (pip install 'q2real[mjx]')" in said[0] and "--backend mjx" in said[0]
+    said.clear()
+    assert transfer._default_backend("mjx", said.append) == "mujoco" and not said
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert transfer._default_backend("mujoco", said.append) == "mjx" and not said
