@@ -32,6 +32,9 @@ _IMU_KEYS = {"site", "rotation"}
 JOINT_FACTS = ("position_limits", "velocity_limit", "effort_limit", "default_position", "kp", "kd", "stop_deceleration")
 """The per-joint fields besides the name, in `JointSpec` order."""
 _JOINT_KEYS = {"name", *JOINT_FACTS}
+MAX_STOP_TIME = 1.0
+"""Longest a stop may take to bring a joint from its velocity limit to rest (s): a smaller
+`stop_deceleration` would let a stopped robot coast on."""
 
 
 class SpecError(Q2RealError, ValueError):
@@ -183,10 +186,16 @@ def _joint(data: dict[str, Any], i: int, control_mode: str, locate: Locate) -> J
     stop = _number(data.get("stop_deceleration", math.inf), where("stop_deceleration"))
     if not stop > 0:
         raise SpecError(f"{where('stop_deceleration')}: expected a number > 0 (inf: stop at once), got {stop}")
+    speed = _number(velocity, where("velocity_limit"), positive=True)
+    if speed / stop > MAX_STOP_TIME:
+        raise SpecError(
+            f"{where('stop_deceleration')}: {stop:g} takes {speed / stop:.3g} s to stop the joint from its velocity "
+            f"limit {speed:g}; a stop may take at most {MAX_STOP_TIME:g} s (expected >= {speed / MAX_STOP_TIME:g})"
+        )
     return JointSpec(
         name=name,
         position_limits=(lo, hi),
-        velocity_limit=_number(velocity, where("velocity_limit"), positive=True),
+        velocity_limit=speed,
         effort_limit=_number(effort, where("effort_limit"), positive=True),
         default_position=default,
         kp=kp,

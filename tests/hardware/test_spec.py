@@ -74,6 +74,7 @@ _DELETE = object()
         ("joints.0.stop_deceleration", 0.0, "stop_deceleration: expected a number > 0 (inf: stop at once)"),
         ("joints.0.stop_deceleration", -5.0, "stop_deceleration: expected a number > 0"),
         ("joints.0.stop_deceleration", "fast", "stop_deceleration: expected a number"),
+        ("joints.0.stop_deceleration", 1e-300, "a stop may take at most 1 s (expected >= "),
     ],
 )
 def test_bad_specs_name_file_and_field(tmp_path: Path, field: str, value, message: str) -> None:
@@ -162,7 +163,7 @@ def test_the_stop_deceleration_is_read_per_joint_and_travels_in_the_bundle(tmp_p
     assert differences(robot_from_metadata(meta, "b.onnx"), spec) == []
     del meta["robot"]["stop_decelerations"]  # a bundle exported before stops had a deceleration
     assert robot_from_metadata(meta, "b.onnx").joints[0].stop_deceleration == float("inf")
-    for bad in ([15.0, 15.0], [-1.0], ["15"], [float("nan")], 15.0):
+    for bad in ([15.0, 15.0], [-1.0], ["15"], [float("nan")], 15.0, [1e-9]):
         meta["robot"]["stop_decelerations"] = bad
         with pytest.raises(BundleError, match=r"b.onnx: metadata.robot.stop_decelerations"):
             robot_from_metadata(meta, "b.onnx")
