@@ -245,6 +245,8 @@ def _demos(args: argparse.Namespace) -> int:
 
 
 def _demos_record(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from q2real.residual.dataset import write_lerobot
     from q2real.residual.record import RecordConfig, record
     from q2real.sim import make
@@ -255,6 +257,8 @@ def _demos_record(args: argparse.Namespace) -> int:
         return 0
     if not config.out:  # checked here, so --print-config shows the settings without one
         raise ConfigError("out: expected the folder to write the dataset to (out=DIR)")
+    if Path(config.out).exists():  # before recording, not after it
+        raise ConfigError(f"out: {config.out} already exists; demonstrations are written to a new folder")
     env = make(config.env)
     try:
         if config.policy == "expert":
@@ -276,9 +280,11 @@ def _demos_record(args: argparse.Namespace) -> int:
         "action": list(spec.joint_names) if spec is not None else None,
     }
     write_lerobot(recorded.demos, config.out, robot_type=spec.name if spec is not None else "", names=names)
+    ended, succeeded = recorded.episodes_recorded, round(recorded.success_rate * recorded.episodes_recorded)
     print(
-        f"{config.out}: {recorded.demos.num_episodes} episodes, {len(recorded.demos.obs)} frames; "
-        f"{source} succeeded in {recorded.success_rate:.0%} of {recorded.episodes_recorded} episodes"
+        f"{config.out}: {recorded.demos.num_episodes} episodes, {len(recorded.demos.obs)} frames, kept of the "
+        f"{ended} that ended (every env runs to the same tick); {source} succeeded in {succeeded} of those {ended} "
+        f"({recorded.success_rate:.0%})"
     )
     return 0
 

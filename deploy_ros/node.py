@@ -449,7 +449,7 @@ class PolicyNode:
         # The shield knows the measured pose from earlier ticks; start() refuses without one.
         started = False
         if shield.mode == Mode.PASSIVE and (applied.start or self._autostart) and self._controller_listening():
-            started = shield.start()
+            started = shield.start("operator start" if applied.start else "autostart")
             self._handover |= started
         if applied.start and not started:
             self._refuse_start(self._why_not_started())

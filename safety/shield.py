@@ -312,8 +312,9 @@ class ReferenceShield:
         self._pending_reason = ""
 
     # --- operator inputs -------------------------------------------------------------------------
-    def start(self) -> bool:
-        """PASSIVE -> RAMP, if a valid state is known and the robot is close enough to the default pose."""
+    def start(self, by: str = "operator start") -> bool:
+        """PASSIVE -> RAMP, if a valid state is known and the robot is close enough to the default pose;
+        `by` says who started it in the mode change's reason."""
         if self.mode != Mode.PASSIVE or self._q is None:
             return False
         distance = float(np.max(np.abs(self._q - self.default)))
@@ -327,7 +328,7 @@ class ReferenceShield:
         self._ramp_from = clip(self._q, self.hard_lo, self.hard_hi)
         self._previous = self._ramp_from.copy()
         self._ramp_ticks = 0
-        self._set_mode(Mode.RAMP, "operator start: ramping from the measured pose to the default pose")
+        self._set_mode(Mode.RAMP, f"{by}: ramping from the measured pose to the default pose")
         return True
 
     def run(self) -> bool:

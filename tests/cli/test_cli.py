@@ -194,3 +194,12 @@ def test_a_residual_on_a_base_that_is_not_bc_names_both_kinds(capsys: pytest.Cap
     assert main(["train", f"residual.base={fixture}", "env.task=pendulum_swingup", "total_steps=10"]) == 2
     err = capsys.readouterr().err
     assert "an off-policy learner's run, and a BC run is needed here" in err and "algo=bc" in err
+
+
+def test_demos_record_refuses_an_existing_folder_before_recording(tmp_path, capsys) -> None:
+    out = tmp_path / "demos"
+    out.mkdir()
+    assert main(["demos", "record", "env.task=panda_reach", "env.num_envs=1", "episodes=1", f"out={out}"]) == 2
+    printed = capsys.readouterr()
+    assert f"out: {out} already exists; demonstrations are written to a new folder" in printed.err
+    assert "recording" not in printed.err + printed.out, "nothing was recorded first"

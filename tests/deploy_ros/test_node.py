@@ -358,3 +358,15 @@ def test_a_robot_with_more_joints_than_the_compiled_shield_takes_is_refused_sayi
     monkeypatch.setattr(q2real.deploy_ros.node, "MAX_JOINTS", 0)
     with pytest.raises(BundleError, match=r"metadata\.robot: 1 joints; the compiled shield .* takes at most 0"):
         PolicyNode(pendulum_bundle)
+
+
+def test_a_ramp_says_whether_the_operator_or_autostart_began_it(pendulum_bundle) -> None:
+    for autostart, by in ((True, "autostart"), (False, "operator start")):
+        node = PolicyNode(pendulum_bundle, NodeConfig(autostart=autostart))
+        for now in (100.0, 100.02):  # the first tick measures the pose a ramp starts from
+            node.on_joint_state(["hinge"], [0.0], [0.0], [], received=now)
+            if not autostart and now > 100.0:
+                node.start()
+            node.tick(now)
+        assert node.shield.mode == Mode.RAMP
+        assert node.last_reason == f"{by}: ramping from the measured pose to the default pose"

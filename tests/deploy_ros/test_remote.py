@@ -137,7 +137,7 @@ def test_deploy_prints_each_mode_change_with_its_reason_and_q2real_operator_stop
     said = [line for line in out.splitlines() if re.fullmatch(r"\d\d:\d\d:\d\d  mode .*", line)]
     said = [line[10:] for line in said]
     assert said[:2] == [
-        "mode RAMP: operator start: ramping from the measured pose to the default pose",
+        "mode RAMP: autostart: ramping from the measured pose to the default pose",  # --sim starts by itself
         "mode RUN: operator run: policy in control",
     ], out
     assert "mode ESTOP: operator stop" in said, out
