@@ -124,7 +124,7 @@ class FineTuning:
             raise ConfigError(f"{node.bundle.path}: fine-tuning on the robot runs per-step policies, not chunks")
         self.node, self.settings, self.record = node, settings, record
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.directory = Path(directory or settings.directory or f"finetune-{stamp}")
+        self.directory = Path(directory or settings.directory or f"runs/finetune-{stamp}")
         self._named_here = not (directory or settings.directory)
         """The directory is this session's own, named by its start time: a failed start removes it."""
         if (self.directory / RING).exists():

@@ -390,7 +390,7 @@ def test_a_failed_start_leaves_no_session_directory_of_its_own(tmp_path: Path, m
     config = load(NodeConfig, None, ["autostart=true", f"finetune.run={FIXTURE_RUN}", "finetune.learner=[nope=1]"])
     with pytest.raises(ConfigError, match="nope"):
         deploy(FIXTURE_RUN / "policy.onnx", config, sim=True, duration=5.0, status_every=None)
-    assert not list(tmp_path.glob("finetune-*")), "a failed start left its session directory behind"
+    assert not list(tmp_path.glob("runs/finetune-*")), "a failed start left its session directory behind"
 
 
 def test_a_reward_on_the_reward_input_is_stamped_onto_the_next_tick(tuning: FineTuning) -> None:
