@@ -434,84 +434,56 @@ def headline(tasks: dict[str, dict]) -> dict[str, object]:
 
 
 def skills_figure(tasks: dict[str, dict]) -> Figure:
-    """One row per task: its figures' curves, then a legend of its own. Colour is the recipe, the marker
-    the seed; the recipe the headline reports is drawn bold, the others faint."""
+    """One panel per headline figure of each task, drawn for the recipe the headline reports (one line
+    per seed; every other recipe stays in skills.json), its floor labelled with which way is better.
+    A kept point is a star (judged on held-out episodes) and a residual's own base a dotted line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
 
     chosen = headline(tasks)
-    columns = max(len(SKILLS_BY_TASK[task].headline) for task in tasks) + 1
-    fig, axes = plt.subplots(len(tasks), columns, figsize=(4.2 * columns, 3.3 * len(tasks)), squeeze=False)
+    panels = [(task, figure) for task in tasks for figure in SKILLS_BY_TASK[task].headline.values()]
+    columns = len(panels) if len(panels) <= 5 else 3
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False)
     colours = plt.get_cmap("tab10").colors
-    markers = "os^Dvp"
-    for row, task in zip(axes, tasks, strict=True):
-        recipes = sorted(tasks[task]["recipes"].items())
-        best_recipe = chosen[f"{task}_recipe"]
-        figures = list(SKILLS_BY_TASK[task].headline.values())
-        marks: set[str] = set()
-        styles = {
-            name: {
-                "color": colours[i % len(colours)],
-                "lw": 1.8 if name == best_recipe else 0.8,
-                "alpha": 1.0 if name == best_recipe else 0.45,
-                "zorder": 3 if name == best_recipe else 2,
-            }
-            for i, (name, _) in enumerate(recipes)
-        }
-        for ax, figure in zip(row, figures, strict=False):
-            for name, data in recipes:
-                style = styles[name]
-                for seed, run in data["seeds"].items():
-                    xs = [p["env_steps"] for p in run["curve"]]
-                    ax.plot(
-                        xs, [p[figure] for p in run["curve"]], marker=markers[int(seed) % len(markers)], ms=3, **style
-                    )
-                    if f"{ONLINE}{figure}" in run["curve"][0]:  # an averaged policy's online actor
-                        ax.plot(
-                            xs,
-                            [p[f"{ONLINE}{figure}"] for p in run["curve"]],
-                            ls="--",
-                            **style | {"lw": 0.7, "alpha": 0.4},
-                        )
-                        marks.add("online")
-                    if run.get("kept"):  # the kept point's figure on held-out episodes
-                        ax.plot(
-                            run["kept"]["env_steps"], run["kept"]["figures"][figure], marker="*", ms=11, ls="", **style
-                        )
-                        marks.add("kept")
-                    if run.get("base"):  # a residual's own base, judged on the same episodes
-                        ax.axhline(run["base"][figure], ls=":", **style | {"lw": 1.0})
-                        marks.add("base")
-            ax.axhline(SKILLS_BY_TASK[task].floors[figure], color="k", ls="--", lw=0.8)
-            ax.set_title(f"{task}: {figure.replace('_', ' ')}")
-            # Recipes differ 50-fold in env steps (demonstrations against many envs): a log axis shows both.
-            ax.set_xscale("log")
-            ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1000:g}k")
-            ax.set_xlabel("env steps (log)")
-            ax.grid(alpha=0.3)
-        seeds = sorted({int(s) for _, data in recipes for s in data["seeds"]})
-        handles = [
-            Line2D([], [], color=style["color"], lw=style["lw"], label=name + " (headline)" * (name == best_recipe))
-            for name, style in styles.items()
-        ]
-        handles += [
-            Line2D([], [], color="grey", marker=markers[s % len(markers)], ls="", label=f"seed {s}") for s in seeds
-        ]
-        handles.append(Line2D([], [], color="k", ls="--", lw=0.8, label="floor"))
-        extras = {
-            "online": Line2D([], [], color="grey", ls="--", lw=0.7, label="online actor (averaged runs)"),
-            "kept": Line2D([], [], color="grey", marker="*", ms=11, ls="", label="kept point, held-out episodes"),
-            "base": Line2D([], [], color="grey", ls=":", label="residual's own base"),
-        }
-        handles += [line for key, line in extras.items() if key in marks]
-        for ax in row[len(figures) :]:
-            ax.axis("off")
-        row[len(figures)].legend(handles=handles, loc="center left", fontsize=7, frameon=False)
+    for ax, (task, figure) in zip(axes.flat, panels, strict=False):
+        skill, recipe = SKILLS_BY_TASK[task], chosen[f"{task}_recipe"]
+        for seed, run in sorted(tasks[task]["recipes"][recipe]["seeds"].items()):
+            colour = colours[int(seed) % len(colours)]
+            xs = [p["env_steps"] for p in run["curve"]]
+            ax.plot(xs, [p[figure] for p in run["curve"]], marker="o", ms=3, color=colour, label=f"seed {seed}")
+            if f"{ONLINE}{figure}" in run["curve"][0]:  # an averaged policy's online actor
+                online = [p[f"{ONLINE}{figure}"] for p in run["curve"]]
+                ax.plot(xs, online, ls="--", lw=0.7, alpha=0.5, color=colour, label="online actor (dashed)")
+            if run.get("kept"):
+                kept = run["kept"]
+                ax.plot(kept["env_steps"], kept["figures"][figure], marker="*", ms=11, ls="", color=colour,
+                        label="kept, on held-out episodes")  # fmt: skip
+            if run.get("base"):
+                ax.axhline(run["base"][figure], ls=":", color=colour, label="its BC base (dotted)")
+        better = "lower" if figure in skill.at_most else "higher"
+        floor = skill.floors[figure]
+        ax.axhline(floor, color="k", ls="--", lw=0.8, label=f"floor {floor:g} ({better} is better)")
+        ax.set_title(f"{task}: {figure.replace('_', ' ')}\n({recipe})", fontsize=10)
+        # Recipes differ 50-fold in env steps (demonstrations against many envs): a log axis shows both.
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(_steps)
+        ax.xaxis.set_minor_formatter(lambda x, _: _steps(x, _) if str(round(x))[0] in "25" else "")
+        ax.set_xlabel("env steps (log)")
+        ax.grid(alpha=0.3)
+        unique = dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True))  # a marking once, not per seed
+        ax.legend(unique.values(), unique.keys(), fontsize=7, frameon=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
     fig.tight_layout()
     return fig
+
+
+def _steps(x: float, _position=None) -> str:
+    """An env-step tick label: 200k, 1M, 2.5M."""
+    return f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1000:g}k"
 
 
 def plot(tasks: dict[str, dict], path: Path) -> None:

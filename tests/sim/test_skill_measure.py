@@ -160,7 +160,7 @@ def test_a_run_that_tracks_better_but_falls_more_does_not_rank_first() -> None:
     assert bench.SKILLS_BY_TASK["gr1_stand"].shortfall({"stand_rate": 0.475}) == 2.0
 
 
-def test_the_plot_has_a_row_and_a_legend_per_task_and_draws_the_headline_recipe_bold() -> None:
+def test_the_plot_has_a_panel_per_headline_figure_for_the_headline_recipe_with_labelled_floors() -> None:
     bench = skills_bench()
 
     def run(rate: float, kept: bool = False) -> dict:
@@ -176,25 +176,17 @@ def test_the_plot_has_a_row_and_a_legend_per_task_and_draws_the_headline_recipe_
         "gr1_stand": {"recipes": {"weak": {"seeds": {"0": run(0.5)}}, "strong": {"seeds": {"1": run(0.9, True)}}}},
     }
     fig = bench.skills_figure(tasks)
-    rows = fig.axes[:4], fig.axes[4:]
-    assert [ax.get_title() for ax in rows[0][:3]] == [
-        "spot_joystick: tracking error lin",
-        "spot_joystick: tracking error ang",
-        "spot_joystick: fall rate",
-    ]
-    assert rows[1][0].get_title() == "gr1_stand: stand rate" and not any(ax.axison for ax in rows[1][1:])
-    legend = rows[1][1].get_legend()
-    assert legend is not None and [t.get_text() for t in legend.get_texts()] == [
-        "strong (headline)",
-        "weak",
-        "seed 0",
-        "seed 1",
-        "floor",
-        "kept point, held-out episodes",
-    ]
-    widths = {tuple(line.get_ydata()): line.get_linewidth() for line in rows[1][0].get_lines()}
-    assert widths[(0.45, 0.9)] > widths[(0.25, 0.5)], "the headline recipe is drawn bold"
-    assert rows[0][3].get_legend() is not None
+    assert [ax.get_title() for ax in fig.axes] == [
+        "spot_joystick: tracking error lin\n(a)",
+        "spot_joystick: tracking error ang\n(a)",
+        "spot_joystick: fall rate\n(a)",
+        "gr1_stand: stand rate\n(strong)",
+    ], "one panel per headline figure, no empty cells"
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes]
+    assert legends[2] == ["seed 0", "floor 0.05 (lower is better)"]
+    assert legends[3] == ["seed 1", "kept, on held-out episodes", "floor 0.95 (higher is better)"]
+    drawn = [tuple(line.get_ydata()) for line in fig.axes[3].get_lines()]
+    assert (0.45, 0.9) in drawn and (0.25, 0.5) not in drawn, "only the headline recipe is drawn"
 
 
 @pytest.mark.slow  # trains three points' worth of a tiny CrossQ
