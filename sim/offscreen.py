@@ -60,6 +60,14 @@ def use_offscreen_gl() -> str:
     backend = choose_backend(user, backend_works)
     if user and user.strip():
         return backend  # MuJoCo read it at import
+    set_up = sys.modules.get("OpenGL.platform")
+    platform = type(getattr(set_up, "PLATFORM", None)).__name__
+    if set_up is not None and not platform.lower().startswith(backend):
+        # PyOpenGL binds its platform once per process; a context of another one fails in gladLoadGL.
+        raise MissingDependency(
+            f"rendering: OpenGL was already set up for {platform} in this process (something imported it before "
+            f"the first frame, as robosuite does); start the process with MUJOCO_GL={backend}"
+        )
     os.environ["MUJOCO_GL"] = backend
     gl_context: Any = importlib.import_module("mujoco.rendering.classic.gl_context")
     chosen = importlib.import_module(f"mujoco.{backend}").GLContext

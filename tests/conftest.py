@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib._bootstrap
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +26,12 @@ DIR/panda_reach_positive here)."""
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def q2real_cli(*args: str) -> subprocess.CompletedProcess:
+    """`q2real ARGS` in a fresh interpreter, as a user runs it: a test that renders must not share a process
+    with one that set up OpenGL another way (robosuite's import does, and PyOpenGL binds once)."""
+    return subprocess.run([sys.executable, "-m", "q2real.cli.main", *args], capture_output=True, text=True, timeout=600)
 
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")

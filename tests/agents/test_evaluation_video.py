@@ -12,6 +12,7 @@ from q2real.agents.config import TrainConfig
 from q2real.agents.train import train
 from q2real.configs.loader import ConfigError, load
 from q2real.sim.filming import HOLD_SECONDS
+from tests.conftest import q2real_cli
 
 
 def test_log_video_is_off_by_default_and_a_misspelt_key_is_an_error() -> None:
@@ -34,27 +35,25 @@ def test_an_adapter_run_asking_for_video_stops_before_it_trains(tmp_path: Path) 
 
 @pytest.mark.slow  # a 400-step training run with two filmed evaluations: about 8 s
 def test_each_evaluation_is_filmed_to_the_run_directory(tmp_path: Path) -> None:
-    config = load(
-        TrainConfig,
-        None,
-        [
-            "env.task=pendulum_swingup",
-            "env.num_envs=2",
-            "env.task_params.episode_length=30",
-            "total_steps=400",
-            "warmup_steps=100",
-            "eval_every=200",
-            "eval_envs=2",
-            "sac.actor_hidden=[32,32]",
-            "sac.critic_hidden=[32,32]",
-            "sac.batch_size=32",
-            f"log.root={tmp_path}",
-            "log.name=filmed",
-            "log.tensorboard=false",
-            "log.video=true",
-        ],
+    done = q2real_cli(
+        "train",
+        "env.task=pendulum_swingup",
+        "env.num_envs=2",
+        "env.task_params.episode_length=30",
+        "total_steps=400",
+        "warmup_steps=100",
+        "eval_every=200",
+        "eval_envs=2",
+        "sac.actor_hidden=[32,32]",
+        "sac.critic_hidden=[32,32]",
+        "sac.batch_size=32",
+        f"log.root={tmp_path}",
+        "log.name=filmed",
+        "log.tensorboard=false",
+        "log.video=true",
     )
-    run = train(config).path
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = tmp_path / "filmed"
     videos = sorted(p.name for p in (run / "videos").iterdir())
     assert videos == ["step_200.mp4", "step_400.mp4"]
     with av.open(str(run / "videos" / "step_400.mp4")) as container:

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from q2real.cli.main import main
+from tests.conftest import q2real_cli
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pendulum_run"
 
@@ -25,21 +26,20 @@ def decoded(path: Path) -> tuple[int, tuple[int, int], float]:
 
 
 @pytest.mark.slow  # two rollouts and 60 rendered frames with software EGL: about 10 s
-def test_render_writes_a_playable_mp4_of_the_frames_and_size_asked_for(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_render_writes_a_playable_mp4_of_the_frames_and_size_asked_for(tmp_path: Path) -> None:
     out = tmp_path / "pendulum.mp4"
     argv = ["render", str(FIXTURE / "policy.onnx"), "--out", str(out), "--seconds", "1.2"]
-    assert main([*argv, "--width", "160", "--height", "120", "--gif"]) == 0
+    done = q2real_cli(*argv, "--width", "160", "--height", "120", "--gif")
+    assert done.returncode == 0, done.stderr[-2000:]
     # 1.2 s of a 50 Hz task at 25 fps: every second control step, 30 frames; the episode runs on.
     assert decoded(out) == (30, (160, 120), 25.0)
     with Image.open(out.with_suffix(".gif")) as gif:
         assert gif.n_frames == 15 and gif.size == (160, 120)  # 12.5 fps at most
-    printed = capsys.readouterr().out
-    assert f"video: {out} (30 frames, 160x120 at 25 fps)" in printed
+    assert f"video: {out} (30 frames, 160x120 at 25 fps)" in done.stdout
     films = tmp_path / "run"
     argv = ["render", str(FIXTURE), "--out", str(films / "two.mp4"), "--seconds", "0.6", "--episodes", "2"]
-    assert main([*argv, "--width", "96", "--height", "64", "--fps", "10"]) == 0
+    done = q2real_cli(*argv, "--width", "96", "--height", "64", "--fps", "10")
+    assert done.returncode == 0, done.stderr[-2000:]
     # From the run's checkpoint: two episodes of 0.6 s at 10 fps (every fifth step), one after the other.
     assert decoded(films / "two.mp4") == (12, (96, 64), 10.0)
 

@@ -4,6 +4,7 @@ follows which robot, and what an evaluation's film records."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -137,3 +138,22 @@ def test_a_residual_learners_env_is_filmed_through_its_wrapper() -> None:
     finally:
         env.close()
     assert len(film.shots[0]) == 3 + round(HOLD_SECONDS * 25.0)  # steps 2, 4, 6, then the held end
+
+
+def test_rendering_after_another_opengl_platform_was_set_up_is_refused_naming_the_fix() -> None:
+    """PyOpenGL binds one platform per process (robosuite's import binds GLX): a frame rendered after that
+    used to die in gladLoadGL; it is refused with what to do instead."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os; os.environ.pop('MUJOCO_GL', None); os.environ.pop('PYOPENGL_PLATFORM', None)\n"
+        "import OpenGL.platform\n"
+        "from q2real.sim import offscreen\n"
+        "offscreen.backend_works = lambda backend: backend == 'egl'\n"
+        "try:\n    offscreen.use_offscreen_gl()\nexcept Exception as err:\n    print(err)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert "rendering: OpenGL was already set up for GLXPlatform in this process" in out.stdout, out.stderr[-2000:]
+    assert "start the process with MUJOCO_GL=egl" in out.stdout
