@@ -16,13 +16,20 @@ import mujoco
 import numpy as np
 
 
+def base_velocity(model: mujoco.MjModel, data: mujoco.MjData, joint: int) -> np.ndarray:
+    """A free joint's twist in its body's frame: linear (MuJoCo's is in the world frame) then angular."""
+    q, v = int(model.jnt_qposadr[joint]), int(model.jnt_dofadr[joint])
+    frame = np.zeros(9)
+    mujoco.mju_quat2Mat(frame, data.qpos[q + 3 : q + 7])
+    return np.concatenate([frame.reshape(3, 3).T @ data.qvel[v : v + 3], data.qvel[v + 3 : v + 6]])
+
+
 class GroundTruth:
     """The base's motion, summed between lines and over the run."""
 
     def __init__(self, model: mujoco.MjModel, data: mujoco.MjData, base: int, every: float = 5.0):
-        self.data, self.every = data, every
-        self._q, self._v = int(model.jnt_qposadr[base]), int(model.jnt_dofadr[base])
-        self._frame = np.zeros(9)
+        self.model, self.data, self.base, self.every = model, data, base, every
+        self._q = int(model.jnt_qposadr[base])
         self._last_xy: np.ndarray | None = None
         self.travelled = 0.0
         self.run = np.zeros(5)
@@ -36,10 +43,8 @@ class GroundTruth:
 
     def step(self, sim_time: float, command: list[float] | None, out: Callable[[str], None] = print) -> None:
         """One control step: `command` is the velocity command published now (None: none)."""
-        qpos, qvel = self.data.qpos, self.data.qvel
-        q, v = self._q, self._v
-        mujoco.mju_quat2Mat(self._frame, qpos[q + 3 : q + 7])
-        forward, lateral, _ = self._frame.reshape(3, 3).T @ qvel[v : v + 3]
+        qpos, q = self.data.qpos, self._q
+        forward, lateral, _, _, _, yaw_rate = base_velocity(self.model, self.data, self.base)
         xy = qpos[q : q + 2].copy()
         if self.start is None:
             self.start, self._next_line = sim_time, sim_time + self.every
@@ -48,7 +53,7 @@ class GroundTruth:
         self._last_xy = xy
         height = float(qpos[q + 2])
         self.height_min = min(self.height_min, height)
-        sample = np.array([forward, lateral, qvel[v + 5], height, 1.0])
+        sample = np.array([forward, lateral, yaw_rate, height, 1.0])
         self.run += sample
         self.window += sample
         self.command = np.asarray(command if command is not None else [math.nan] * 3, dtype=float)

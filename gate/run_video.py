@@ -27,15 +27,6 @@ STARTUP = 30.0
 """Seconds the render thread may take to open its GL context and the file before the robot gives up."""
 
 
-def base_velocity(model: mujoco.MjModel, data: mujoco.MjData, joint: int) -> tuple[float, float, float]:
-    """A free joint's forward and lateral velocity in its body's frame, and its yaw rate (rad/s)."""
-    q, v = int(model.jnt_qposadr[joint]), int(model.jnt_dofadr[joint])
-    frame = np.zeros(9)
-    mujoco.mju_quat2Mat(frame, data.qpos[q + 3 : q + 7])
-    forward, lateral, _ = frame.reshape(3, 3).T @ data.qvel[v : v + 3]  # MuJoCo's is in the world frame
-    return float(forward), float(lateral), float(data.qvel[v + 5])
-
-
 class RunVideo:
     """Films a model as the physics loop `offer`s its state every `every` physics steps of `timestep`;
     `close` finishes the file and says how it went."""

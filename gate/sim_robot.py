@@ -45,7 +45,7 @@ from q2real.deploy_ros.dds import LATCHED_QOS, SENSOR_QOS, Endpoints, use_loopba
 from q2real.deploy_ros.programs import SIM_ROBOT
 from q2real.deploy_ros.settings import NODE_NAME, NodeConfig, resolve_topic
 from q2real.deploy_ros.signals import on_signal
-from q2real.gate.ground_truth import GroundTruth
+from q2real.gate.ground_truth import GroundTruth, base_velocity
 from q2real.gate.sim_settings import PERTURBATIONS, SimRobotConfig, add_perturbation_arguments, add_video_argument
 from q2real.hardware.model import actuator_for_joint, load_model
 from q2real.hardware.spec import RobotSpec, robot_spec
@@ -182,14 +182,11 @@ class SimWorld:
     def ground_truth(self, stamp) -> msg.Odometry:
         """The floating base's pose (world) and twist (base frame), straight from the simulator."""
         assert self.base is not None, "only a floating base has a ground-truth odometry"
-        q, v = int(self.model.jnt_qposadr[self.base]), int(self.model.jnt_dofadr[self.base])
-        qpos, qvel = self.data.qpos, self.data.qvel
+        q, qpos = int(self.model.jnt_qposadr[self.base]), self.data.qpos
         w, x, y, z = qpos[q + 3 : q + 7]
-        frame = np.zeros(9)
-        mujoco.mju_quat2Mat(frame, qpos[q + 3 : q + 7])
-        linear = frame.reshape(3, 3).T @ qvel[v : v + 3]  # MuJoCo's free-joint velocity is in the world frame
+        velocity = base_velocity(self.model, self.data, self.base)
         pose = msg.Pose(msg.Point(*map(float, qpos[q : q + 3])), msg.Quaternion(x=x, y=y, z=z, w=w))
-        twist = msg.Twist(msg.Vector3(*map(float, linear)), msg.Vector3(*map(float, qvel[v + 3 : v + 6])))
+        twist = msg.Twist(msg.Vector3(*map(float, velocity[:3])), msg.Vector3(*map(float, velocity[3:])))
         body = mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_BODY, int(self.model.jnt_bodyid[self.base]))
         return msg.Odometry(
             header=msg.Header(stamp=stamp, frame_id=WORLD_FRAME),
@@ -495,9 +492,7 @@ class SimRobot:
         elif current:
             lines.append("command " + "  ".join(f"{value:+.3f}" for value in current))
         if self.world.base is not None:
-            from q2real.gate.run_video import base_velocity
-
-            forward, lateral, yaw = base_velocity(self.model, self.data, self.world.base)
+            forward, lateral, _, _, _, yaw = base_velocity(self.model, self.data, self.world.base)
             lines.append(f"base     vx {forward:+.2f}  vy {lateral:+.2f}  wz {yaw:+.2f} (ground truth)")
         return tuple(lines)
 
