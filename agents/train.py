@@ -80,9 +80,7 @@ class Trainer:
         self.envs_per_iteration = self.env.num_envs * (ranks.world if ranks is not None else 1)
         """Env steps one iteration adds to `step`: every rank's envs."""
         self.threads = self._thread_policy()
-        self.eval_env = self.make_env(
-            dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000)
-        )
+        self.eval_env = self.make_env(dataclasses.replace(config.env, num_envs=config.eval_envs, seed=self.eval_seed))
         env = self.env
         if getattr(config.agent, "cost_limit", None) is not None and not env.has_cost:
             raise ConfigError(
@@ -150,7 +148,7 @@ class Trainer:
             callbacks = [CheckpointCallback()]
         self.path = self.run_dir.path
         self.run_dir.update_meta(threads=self.thread_summary())
-        self.logger = MetricLogger(self.run_dir, log, elapsed=elapsed, panels=curve_panels(config))
+        self.logger = MetricLogger(self.run_dir, log, elapsed=elapsed, panels=self.curve_panels())
         self.callbacks = callbacks
 
     # --- pieces a training job built on this loop may replace ----------------------------------------
@@ -166,6 +164,9 @@ class Trainer:
 
     def make_sampler(self) -> UniformSampler:
         return make_sampler(self.config.sampler, self.replay)
+
+    def curve_panels(self) -> tuple[Panel, ...]:
+        return curve_panels(self.config)
 
     def warmup_action(self) -> torch.Tensor:
         """What the envs do before learning starts: uniform random actions, or for a run that starts from
@@ -321,10 +322,15 @@ class Trainer:
         return ParallelLearners(self.agent, self.replay, config.pql, job, self.iteration)
 
     # --- evaluation and checkpoints --------------------------------------------------------------------
+    @property
+    def eval_seed(self) -> int:
+        """Evaluation episodes are seeded apart from training's, and alike at every evaluation."""
+        return self.config.env.seed + 10_000
+
     def evaluate(self, watch: Watch | None = None) -> float:
         """Mean return of one deterministic episode per eval env; `watch` sees every step (a film)."""
         policy = deterministic_policy(self.agent, self.eval_env)
-        returns, success, cost = evaluate_episodes(policy, self.eval_env, self.config.env.seed + 10_000, watch)
+        returns, success, cost = evaluate_episodes(policy, self.eval_env, self.eval_seed, watch)
         self.last_eval = float(returns.mean())
         self.last_eval_cost = float(cost.mean())
         self.last_eval_success = float(success.float().mean()) if success is not None else None

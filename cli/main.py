@@ -15,11 +15,15 @@ import dataclasses
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import yaml
 
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError, list_presets, load, parse_overrides, to_dict
+
+if TYPE_CHECKING:  # the commands import their modules when run, so `q2real --help` stays quick
+    from q2real.residual.train import ResidualTrainer
 
 
 def _envs(args: argparse.Namespace) -> int:
@@ -161,7 +165,19 @@ def _train(args: argparse.Namespace) -> int:
     )  # a constrained learner: its cost is half the result
     cost = f", episode cost {trainer.last_eval_cost:.1f} (limit {limit})" if limit is not None else ""
     print(f"final evaluation: mean return {trainer.last_eval:.1f} over {config.eval_envs} episodes{success}{cost}")
+    if isinstance(trainer, ResidualTrainer) and trainer.base_eval is not None:
+        print(_against_base(trainer))
     return 0
+
+
+def _against_base(trainer: ResidualTrainer) -> str:
+    """The residual's last evaluation beside its base's, on the same episodes; a loss is said loudly."""
+    base = trainer.config.residual.base
+    success = f", success {trainer.base_eval_success:.2f}" if trainer.base_eval_success is not None else ""
+    line = f"base alone ({base}) on the same episodes: mean return {trainer.base_eval:.1f}{success}"
+    if trainer.below_base():
+        return f"{line}\nBELOW ITS BASE: this residual does worse than {base} alone; keep the base, or train longer"
+    return f"{line}; the residual is at or above its base"
 
 
 def _finetune(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import bisect
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mujoco
@@ -89,11 +90,13 @@ def ros_returns(
     env_config: EnvConfig,
     starts: list[tuple[dict[str, float], torch.Tensor, tuple[float, float, float] | None]],
     progress=print,
+    ended: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, float, float]:
     """Returns of one episode per (initial joint positions, command, the tracked object's start or
     None) in `starts`, run through the ROS 2 node on the sim robot; the fraction of the policy's ticks
     (the node's shield in RUN, over every deployment) on which a shield clamp changed its command, and
-    the mean change per tick (`q2real.safety.shield.Counters`)."""
+    the mean change per tick (`q2real.safety.shield.Counters`). Each episode takes real time, so each is
+    reported as it ends (`ended(1)` too)."""
     env = make_task(dataclasses.replace(target_actions(env_config), num_envs=1, backend="mujoco", device="cpu"))
     task, model = env.task, env.task.model
     env.close()
@@ -104,10 +107,14 @@ def ros_returns(
     progress(f"  ROS 2 row: node + sim robot in real time, {len(starts)} episodes of {duration:.0f} s and start-up")
     use_loopback()
     returns, interventions, ticks, change = [], 0, 0, 0.0
-    for initial, command, object_at in starts:
+    for number, (initial, command, object_at) in enumerate(starts, 1):
         task.command = command.reshape(1, -1).cpu()
+        began = time.monotonic()
         wire, summary = _deployed(bundle, node_config, task, initial, duration, object_at)
         returns.append(_episode_return(task, model, wire, episode))
+        progress(f"    episode {number}/{len(starts)}: return {returns[-1]:.2f} ({time.monotonic() - began:.0f} s)")
+        if ended is not None:
+            ended(1)
         interventions += summary.run_interventions
         ticks += summary.run_ticks
         change += summary.run_change

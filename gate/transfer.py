@@ -19,6 +19,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import mujoco
 import numpy as np
 import torch
 
+from q2real.agents.common.progress import Progress
 from q2real.configs.errors import Q2RealError
 from q2real.contracts.chunks import ChunkQueue
 from q2real.contracts.schema import robot_from_metadata
@@ -140,9 +142,12 @@ class Episodes:
     """The task defines a safety cost (`costs` then means something)."""
 
 
-def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bool = True) -> Episodes:
+def shielded_returns(
+    bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bool = True, ended: Callable[[int], None] | None = None
+) -> Episodes:
     """The first episode of every env, acting with the bundle through one shield per env
-    (`shielded=False`: the bundle's actions straight to the env, as trained without a shield).
+    (`shielded=False`: the bundle's actions straight to the env, as trained without a shield);
+    `ended(n)` hears of each step's newly ended episodes.
 
     Each env gets the shield a robot would run (rebuilt from the bundle's metadata), started directly
     in RUN from the task's reset state; what reaches the simulator is the shield's command, mapped back
@@ -207,6 +212,8 @@ def shielded_returns(bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bo
         physics = env.physics
         returns += torch.where(finished, 0.0, result.reward.cpu())
         costs += torch.where(finished, 0.0, result.cost.cpu())
+        if ended is not None:
+            ended(int((result.done.cpu() & ~finished).sum()))
         finished |= result.done.cpu()
         obs = result.obs
         if last is not None:
@@ -294,10 +301,13 @@ def run_gate(
     def returns_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> torch.Tensor:
         return episodes_on(on, randomization, shielded).returns
 
+    # Two passes as trained (shielded and not), one per row, then the ROS 2 row's episodes in real time.
+    meter = Progress((2 + len(rows_wanted)) * episodes + (ros_episodes if ros else 0), "gate", unit="episode")
+
     def episodes_on(on: str, randomization: RandomizationConfig, shielded: bool = True) -> Episodes:
         env = env_on(on, randomization)
         try:
-            return shielded_returns(bundle, env, seed, shielded)
+            return shielded_returns(bundle, env, seed, shielded, ended=meter.update)
         finally:
             env.close()
 
@@ -352,7 +362,7 @@ def run_gate(
             ]
         finally:
             env.close()
-        returns, ros_rate, ros_change = ros_returns(bundle_path, env_config, starts, progress)
+        returns, ros_rate, ros_change = ros_returns(bundle_path, env_config, starts, progress, meter.update)
         rows.append(judged("via ROS 2 node", returns, reference_returns[:ros_episodes], threshold, magnitude="nominal"))
         show(rows[-1])
     judged_rows = [r for r in rows if r.required]
@@ -383,6 +393,7 @@ def run_gate(
         "ros_shield_intervention_rate": ros_rate,
         "ros_shield_change": ros_change,
     }
+    meter.close()
     verdict = "PASSED" if report["passed"] else f"FAILED on {', '.join(report['failed_rows'])}"
     progress(f"  gate {verdict} (a row passes when its interval's lower end is at least {threshold})")
     (run_dir / "transfer.json").write_text(json.dumps(report, indent=2))

@@ -10,6 +10,7 @@ demonstrations and the base are read again on resume, the rest comes from the ch
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from q2real.agents.callbacks import Callback
+from q2real.agents.callbacks import Callback, ChunkExecutor, TrainingLoop, evaluate_episodes
 from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.metrics import RETURNS, Panel
 from q2real.agents.common.samplers import UniformSampler
 from q2real.agents.config import TrainConfig
 from q2real.agents.sac import SACConfig
@@ -70,7 +72,10 @@ class ResidualTrainer(Trainer):
                     f"sac.chunk.size: the base predicts chunks of {base_chunk} and the residual corrects a whole "
                     f"chunk, so it must be {base_chunk}, got {chunk}"
                 )
-        super().__init__(config, callbacks, resume)
+        self.base_eval: float | None = None
+        """The base alone: mean return on the evaluation episodes (None: no base, or not yet scored)."""
+        self.base_eval_success: float | None = None
+        super().__init__(config, [BaseScore(), *callbacks] if self.base is not None else callbacks, resume)
 
     @property
     def base_dim(self) -> int:
@@ -104,6 +109,54 @@ class ResidualTrainer(Trainer):
 
     def warmup_action(self) -> torch.Tensor:
         return self.policy_action() if self.base is not None else super().warmup_action()
+
+    def curve_panels(self) -> tuple[Panel, ...]:
+        """Returns and success rate, each with the base's score drawn across: where the residual stands."""
+        returns = Panel(RETURNS.ylabel, RETURNS.keys, levels=("base_eval_return",))
+        return returns, Panel("success rate", ("eval_success",), levels=("base_eval_success",))
+
+    def score_base(self) -> None:
+        """The frozen base alone on the evaluation episodes, logged as `base_eval_return` (and
+        `base_eval_success`): the bar every evaluation of the residual is read against. A residual that
+        ends below it should not replace its base."""
+        base_dim = self.base_dim
+
+        def predict(obs: torch.Tensor) -> torch.Tensor:
+            return obs[..., -base_dim:]  # the base's action (chunk), as the eval env observed it
+
+        spec = self.config.agent.chunk.spec()
+        policy = ChunkExecutor(predict, spec, self.eval_env) if spec.size > 1 else predict
+        returns, success, _ = evaluate_episodes(policy, self.eval_env, self.eval_seed)
+        self.base_eval = float(returns.mean())
+        self.base_eval_success = float(success.float().mean()) if success is not None else None
+        scored = {"base_eval_return": self.base_eval}
+        if self.base_eval_success is not None:
+            scored["base_eval_success"] = self.base_eval_success
+        self.logger.log(self.step, scored)
+
+    def below_base(self) -> bool:
+        """The last evaluation scored under the base alone: by success rate where the task has a success
+        test (what a user of a manipulation skill reads), else by return."""
+        if self.base_eval is None or self.last_eval is None:
+            return False
+        if self.base_eval_success is not None and self.last_eval_success is not None:
+            return self.last_eval_success < self.base_eval_success
+        return self.last_eval < self.base_eval
+
+
+class BaseScore(Callback):
+    """Scores the base alone before the residual's first step (on a resume too: the same episodes give the
+    same score), so the console and the curves compare the residual with what it corrects."""
+
+    def on_start(self, trainer: TrainingLoop) -> None:
+        assert isinstance(trainer, ResidualTrainer)
+        trainer.score_base()
+        success = f", success {trainer.base_eval_success:.2f}" if trainer.base_eval_success is not None else ""
+        print(
+            f"base alone ({trainer.config.residual.base}) on the evaluation episodes: "
+            f"mean return {trainer.base_eval:.1f}{success}",
+            file=sys.stderr,
+        )
 
 
 def demos_env(demos, source: str) -> EnvConfig:

@@ -39,12 +39,13 @@ MODULE_STRING = re.compile(r"(?:^|-m\s+)q2real((?:\.\w+)+)$")
 """A string that names a module to import or run: `q2real.x.y` alone, or `-m q2real.x.y`."""
 
 
-def _module_of(path: Path) -> list[str]:
-    return list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_of(path: Path, root: Path) -> list[str]:
+    return list(path.relative_to(root).with_suffix("").parts)
 
 
-def q2real_references(path: Path) -> list[tuple[int, str]]:
-    """(line, module below `q2real.`) for every reference to a q2real module in `path`."""
+def q2real_references(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, module below `q2real.`) for every reference to a q2real module in `path`, a file of the tree
+    at `root`."""
     found: set[tuple[int, str]] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         names: list[str] = []
@@ -53,7 +54,7 @@ def q2real_references(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             if node.level:  # relative: resolved against the file's own package
-                here = _module_of(path)
+                here = _module_of(path, root)
                 module = ".".join(["q2real", *here[: len(here) - node.level], *([module] if module else [])])
             names = [module] + [f"{module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
@@ -103,9 +104,12 @@ def test_the_rules_reject_an_arrow_that_points_up() -> None:
     assert allowed("gate", "deploy_ros.session")
 
 
-def test_every_kind_of_reference_is_seen() -> None:
-    """Each way a module can reach another is found; a docstring that names a module is not one."""
-    source = ROOT / "deploy_ros" / "_probe_references.py"
+def test_every_kind_of_reference_is_seen(tmp_path: Path) -> None:
+    """Each way a module can reach another is found; a docstring that names a module is not one. The probe
+    is a deploy_ros module of a tree in `tmp_path`: in the checkout, the lint and the layering test running
+    beside this one would find it."""
+    source = tmp_path / "deploy_ros" / "_probe_references.py"
+    source.parent.mkdir()
     source.write_text(
         '"""Mentions `q2real.agents.sac` in prose."""\n'
         "import importlib\n"
@@ -116,10 +120,7 @@ def test_every_kind_of_reference_is_seen() -> None:
         "COMMAND = ['python', '-m', 'q2real.agents.robot_learner']\n"
         "LINE = 'python -m q2real.gate.sim_robot'\n"
     )
-    try:
-        found = q2real_references(source)
-    finally:
-        source.unlink()
+    found = q2real_references(source, root=tmp_path)
     assert found == [
         (3, "deploy_ros.node"),
         (3, "deploy_ros.node.PolicyNode"),

@@ -23,6 +23,8 @@ class Panel:
     keys: tuple[str, ...]
     limit: float | None = None
     """A level drawn across the row (a safe run's cost limit)."""
+    levels: tuple[str, ...] = ()
+    """Metrics drawn as a level across the row at their last logged value (a residual's base, scored alone)."""
 
 
 RETURNS = Panel("return", ("episode_return", "eval_return"))
@@ -121,6 +123,14 @@ def write_csv(records: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _last(records: list[dict[str, Any]], key: str) -> float | None:
+    return next((r[key] for r in reversed(records) if _finite(r.get(key))), None)
+
+
 def plot_curves(
     records: list[dict[str, Any]], path: Path, panels: tuple[Panel, ...] = (RETURNS,), x_label: str = "env steps"
 ) -> bool:
@@ -130,7 +140,7 @@ def plot_curves(
     for panel in panels:
         series = {}
         for key in panel.keys:
-            points = [r for r in records if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+            points = [r for r in records if _finite(r.get(key))]
             if points:
                 series[key] = points
         if series:
@@ -150,6 +160,10 @@ def plot_curves(
         if panel.limit is not None:
             for ax in row:
                 ax.axhline(panel.limit, color="tab:red", linestyle="--", linewidth=1, label="limit")
+        for key in panel.levels:
+            level = _last(records, key)
+            for ax in row if level is not None else ():
+                ax.axhline(level, color="tab:gray", linestyle=":", linewidth=1.5, label=key)
         for ax, label in ((row[0], x_label), (row[1], "wall-clock (s)")):
             ax.set_xlabel(label)
             ax.grid(alpha=0.3)

@@ -103,11 +103,13 @@ def test_gate_on_the_default_task_end_to_end(pendulum_run: Path) -> None:
     assert (pendulum_run / "transfer.png").stat().st_size > 1000
 
 
-def test_the_gate_says_no_to_a_policy_trained_without_randomization(pendulum_run: Path) -> None:
+def test_the_gate_says_no_to_a_policy_trained_without_randomization(pendulum_run: Path, capsys) -> None:
     """The negative control: the committed pendulum run trained on nominal physics only. With the
     actuator 30 % weaker it no longer swings up on time (measured ratio 0.78, interval [0.74, 0.82] over
-    16 episodes), so the gate fails it, and the CLI exits 1."""
+    16 episodes), so the gate fails it, and the CLI exits 1. Its progress counts every episode it ran:
+    shielded and unshielded as trained, then the row."""
     report = run_gate(pendulum_run, backend="mujoco", episodes=6, only=["actuator_gain"], progress=lambda _: None)
+    assert "gate: 18/18 episodes (100%)" in capsys.readouterr().err
     rows = {r["name"]: r for r in report["rows"]}
     assert rows["shield"]["passed"]
     weak = rows["actuator_gain"]

@@ -273,3 +273,31 @@ def test_a_chunk_base_gets_a_residual_over_its_whole_chunk(tmp_path: Path, reach
     with torch.no_grad():
         actions = ResidualGraph(loaded, agent)(torch.from_numpy(obs)).clamp(-1, 1).view(16, 2, 7)
     np.testing.assert_allclose(bundle.normalized(bundle(obs)), actions.numpy(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow  # a short residual run
+def test_a_residual_is_read_against_its_base_alone_on_the_same_episodes(
+    tmp_path: Path, reach_base: Path, reach_demos: Path, capsys
+) -> None:
+    """The base is scored alone on the residual's own evaluation episodes before the first step; its score
+    is logged for the curves, and the run's end says loudly when the residual did worse."""
+    from q2real.cli.main import _against_base
+
+    trainer = ResidualTrainer(_config(tmp_path, reach_base, reach_demos))
+    trainer.run()
+    _, base, _ = load_bc(reach_base)
+    env = make(dataclasses.replace(REACH, num_envs=2, seed=trainer.eval_seed))
+    try:
+        alone = evaluate(lambda o: base(o).clamp(-1, 1), env, trainer.eval_seed)
+    finally:
+        env.close()
+    assert trainer.base_eval == pytest.approx(float(alone.mean()), abs=1e-5)
+    assert trainer.base_eval_success is not None  # sparse reach has a success test
+    assert "base alone (" in capsys.readouterr().err
+    records = [json.loads(line) for line in (trainer.path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["base_eval_return"] for r in records if "base_eval_return" in r] == [trainer.base_eval]
+    assert (trainer.path / "curves.png").stat().st_size > 1000
+    trainer.last_eval_success = trainer.base_eval_success - 0.5
+    assert trainer.below_base() and "BELOW ITS BASE" in _against_base(trainer)
+    trainer.last_eval_success = trainer.base_eval_success
+    assert not trainer.below_base() and "at or above its base" in _against_base(trainer)
