@@ -39,7 +39,9 @@ LEARNER_CONFIGS: dict[str, type[ActorCriticConfig]] = {
 @dataclass
 class TrainConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(task="pendulum_swingup", num_envs=4))
+    """The task trained on and its envs; evaluation runs `eval_envs` more of them, seeded apart."""
     log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=5_000))
+    """Where the run directory goes and how metrics are logged."""
     algo: Literal["sac", "td3", "ddpg", "flashsac", "crossq", "droq", "sac_lag", "coxq"] = "sac"
     """Which learner; its settings are the section of the same name (`sac:`, `td3:`, ...)."""
     agent: ActorCriticConfig = section("algo", LEARNER_CONFIGS, "sac")
@@ -57,6 +59,8 @@ class TrainConfig:
     eval_envs: int = 10
     """Evaluation episodes, run in parallel, one per env, on envs seeded apart from training."""
     checkpoint_every: int = 10_000
+    """Env steps between checkpoints, the points `--resume` continues from (0 = only at the end; Ctrl-C
+    writes one too)."""
     checkpoint_replay: bool = True
     """Keep the replay's rows in use in each checkpoint, so a resume continues bit-for-bit. False: the
     checkpoint holds networks, optimizers and counters only (megabytes, not the replay's size); a

@@ -43,12 +43,16 @@ class COXQConfig(SACLagConfig):
     cost_tail: float = 0.5
     """Share of each cost member's quantiles, from the top, that price the cost (COX-Q: the upper half)."""
     rectify: float = 10.0
+    """Slope of the rectified cost weight max(0, lambda + rectify (Q_c - d_Q)): how steeply the actor's
+    price of cost follows the batch's cost estimate Q_c around the per-state limit d_Q."""
     optimism: float = 3.0
     """beta of the bounds: reward mean + beta std, cost mean - beta std, over the ensemble."""
     trust_region: float = 4.0
     """delta at the start; KL per exploring step <= delta^2 / 2."""
     trust_region_min: float = 0.05
+    """Smallest delta: the trust region shrinks towards it while the training cost runs over its budget."""
     trust_region_max: float = 6.0
+    """Largest delta: the trust region grows back towards it while the training cost stays under budget."""
     trust_region_lr: float = 1e-3
     """delta's step per env step and unit of training cost over the budget, relative to the budget."""
     training_cost_budget: float | None = None

@@ -53,21 +53,26 @@ class FinetuneConfig:
     replay_capacity: int = 100_000
     """Robot transitions kept (oldest dropped first)."""
     updates_per_step: float = 1.0
+    """Gradient updates per robot transition once learning starts (may be fractional)."""
     eval_every: int = 1_000
     """Transitions between evaluations of the deterministic policy on the shifted dynamics (a sim robot's twin)."""
     eval_envs: int = 16
+    """Evaluation episodes on the shifted dynamics, run in parallel, one per env."""
     checkpoint_every: int = 2_500
+    """Transitions between checkpoints, the points `--resume` continues from (0 = only at the end)."""
     threads: int = 1
     """torch CPU threads of the learner: one, so it does not slow a control loop beside it."""
     compile: bool = False
     """Compiled learner steps (the learner's `compile`), whatever the run trained with: off by default,
     because the first update then waits tens of seconds and a robot computer may have no C++ compiler."""
     seed: int = 1
+    """Seed of the fine-tuning env (its randomized dynamics and initial states); evaluation uses seed + 10000."""
     reward: Literal["task", "topic"] = "task"
     """On the robot (`q2real deploy --finetune`): `task`, the task's own reward computed from what the
     node streams (tasks with `Task.robot_reward`); `topic`, the values arriving on the node's reward
     input (`~/reward`), for rewards the node cannot compute. Simulation uses the task's."""
     log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=1_000))
+    """Where the fine-tuning run directory goes (named `<run>-finetune-<time>` unless `log.name` is set)."""
 
     def validate(self) -> None:
         if not self.run:

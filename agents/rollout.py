@@ -25,8 +25,12 @@ from q2real.sim import EnvConfig, make
 @dataclass
 class RolloutConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
+    """The task rolled out on, and its envs."""
     log: LogConfig = field(default_factory=LogConfig)
+    """Where the run directory goes and how often returns are logged."""
     policy: Literal["random", "zero"] = "random"
+    """`random`: actions uniform in [-1, 1] (seeded by `env.seed`); `zero`: every action 0. A task's floor
+    to compare a learner against."""
     total_steps: int = 200_000
     """Env steps summed over all envs."""
 

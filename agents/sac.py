@@ -24,17 +24,24 @@ class SACConfig(ActorCriticConfig):
     """Initial entropy temperature. Lower than SB3's 1.0: with per-step rewards in [0, 1] (dm_control
     style) an initial alpha of 1 lets the entropy bonus swamp the reward for thousands of updates."""
     alpha_lr: float = 3e-4
+    """Adam learning rate of the entropy temperature (as log alpha), which steers the policy's entropy
+    towards `target_entropy`."""
     target_entropy: float | None = None
     """Entropy target; None means -|A| (SAC paper; |A| counts every action of a chunk), unless
     `target_action_std` is set."""
     target_action_std: float | None = None
     """FlashSAC's target: the entropy of a Gaussian with this std per action dim (eq. in Sec. 3.3)."""
     log_std_min: float = -5.0
+    """Lower end of the actor's log standard deviation (before tanh squashing): how narrow the policy
+    may get."""
     log_std_max: float = 2.0
+    """Upper end of the actor's log standard deviation: how wide its exploration may get."""
     noise_repeat: bool = False
     """Hold exploration noise for k ~ Zeta(noise_repeat_mu) steps (FlashSAC)."""
     noise_repeat_mu: float = 2.0
+    """Exponent of the Zeta law of the hold k (P(k) ~ k^-mu): larger holds the noise for fewer steps."""
     noise_repeat_max: int = 16
+    """Longest hold of repeated exploration noise, in env steps."""
     actor_uses_mean_q: bool = False
     """Actor maximises the mean of the critics instead of their minimum (FastSAC)."""
 

@@ -30,13 +30,15 @@ class SACLagConfig(SACConfig):
     cost_limit: float = 25.0
     """d: the episode cost allowed (OmniSafe's benchmark: 25)."""
     num_cost_critics: int = 1
-    """OmniSafe's SAC-Lag prices the cost with one critic."""
+    """Critics in the cost critic's ensemble (OmniSafe's SAC-Lag prices the cost with one)."""
     lagrange_init: float = 0.0
+    """lambda, the price of cost in the actor's objective, at the start."""
     lagrange_lr: float = 1e-5
     """lambda's step per actor update and unit of episode cost over the limit. J_c lags the policy by
     the episodes it averages; a faster lambda overshoots (on cartpole at 1e-4 it reached its maximum
     within 20k steps and the policy stopped moving)."""
     lagrange_max: float = 100.0
+    """lambda's upper bound: how far the actor may trade reward for cost."""
     cost_average_rate: float = 0.1
     """Weight of each finished episode in the running episode cost J_c."""
     limit_horizon: int = 1000

@@ -30,8 +30,9 @@ class TD3Config(ActorCriticConfig):
     resample_noise_on_done: bool = False
     """Redraw an env's noise scale when its episode ends (FastTD3) instead of fixed scales (PQL)."""
     target_noise: float = 0.2
-    """Target policy smoothing std (TD3 eq. 15)."""
+    """Target policy smoothing std (TD3 eq. 15); 0: no smoothing (DDPG)."""
     target_noise_clip: float = 0.5
+    """The smoothing noise is clipped to +-this before it is added to the bootstrap action (TD3's c)."""
     target_actor: bool = True
     """Bootstrap from a Polyak-averaged actor; FastTD3 uses the online actor (False)."""
 

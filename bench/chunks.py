@@ -17,6 +17,8 @@ learner's; a learner that never does counts the budget, which makes the ratio a 
 does) and `best_chunked_over_sac` (the best chunked learner's final return over SAC's, per task).
 Prints a table, writes bench/results/chunks.json (with the curves) and chunks.png, and prints the
 JSON without the curves as its last line.
+
+Results: docs/results/learners.md
 """
 
 from __future__ import annotations

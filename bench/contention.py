@@ -10,6 +10,8 @@ in this invocation, `--rounds` times interleaved; each cell is the median over r
 Prints a table, writes bench/results/contention.json and prints the same JSON as its last line.
 Headline keys: busy_over_quiet (the default's busy time over its quiet time; floor <= 1.5) and
 quiet_vs_best (the default's quiet speed over the faster of 1 and 2 threads, quiet; floor >= 0.9).
+
+Results: docs/results/speed.md
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ is mostly counting noise), node_minus_echo_p50_ms_500hz. Each lost state is put 
 state, or not ticking at all while it was current). Node rows match each
 state to the command of the tick that consumed it (the node's stamps), so a late answer never passes
 for the next state's; echo rows, without stamps, count the first command after each state.
+
+Results: docs/results/deploy-loop.md
 """
 
 from __future__ import annotations

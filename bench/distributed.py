@@ -16,6 +16,8 @@ with q2real's flat all-reduce against DistributedDataParallel (and no sync at al
 Prints a table, writes bench/results/distributed.json and prints the same JSON as its last line.
 Headline keys: scaling_efficiency_2 (2-rank env steps/s / (2 x 1-rank env steps/s)) and
 grad_exactness_max_abs_diff.
+
+Results: docs/results/speed.md
 """
 
 from __future__ import annotations

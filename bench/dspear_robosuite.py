@@ -7,6 +7,8 @@ trains with the same config (Panda, dense reward, horizon 500, 4 envs over worke
 episode return and success rate and of the final deterministic evaluation, and the learning curves
 go to bench/results/dspear_robosuite.png. Writes bench/results/dspear_robosuite.json and prints it
 as its last line.
+
+Results: docs/results/learners.md
 """
 
 from __future__ import annotations

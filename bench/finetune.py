@@ -34,6 +34,8 @@ Prints a table, writes bench/results/finetune.json (pendulum's headline at the t
 every task's under `tasks.<task>`, and `<task>_recovered_return_ratio` / `<task>_frozen_return_ratio`
 beside it) and finetune.png (pendulum) or finetune_<task>.png, and prints the headline JSON as its
 last line. About 2 x `--duration` + 60 s + 2 s per version.
+
+Results: docs/results/finetuning.md
 """
 
 from __future__ import annotations

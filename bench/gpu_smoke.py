@@ -16,6 +16,8 @@ Prints a table, writes bench/results/gpu_smoke.json and prints the same JSON as 
 Headline keys: `<learner>_env_steps_per_s` and `<learner>_updates_per_s`, plus the skill rows' physics
 figures under the keys `bench/skills.py` uses with `_mjx` appended (`spot_tracking_error_lin_mjx`;
 `gr1_stand_rate_legs_mjx` for GR1 with its arms welded), or `skipped` with the reason.
+
+Results: docs/results/speed.md
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Run by torchrun (bench/distributed.py): one SAC critic update (two Q networks, batch 256, Adam) per
 rank, its gradients averaged three ways: not at all (the compute floor), q2real's one flat all-reduce
 (`DataParallel.average_gradients`), and torch's DistributedDataParallel (bucketed all-reduces that
-overlap the backward pass). Prints milliseconds per update for each, on rank 0, as one JSON line."""
+overlap the backward pass). Prints milliseconds per update for each, on rank 0, as one JSON line.
+
+Results: docs/results/speed.md
+"""
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ are cold, and that is the latency a robot sees. Prints a table, writes
 bench/results/policy_latency.json and prints the same JSON as its last line.
 Headline keys: onnx_p99_us (default policy), torch_over_onnx_p99, compiled_p50_us_sleeping,
 onnx_over_compiled_p50_sleeping.
+
+Results: docs/results/deploy-loop.md
 """
 
 from __future__ import annotations

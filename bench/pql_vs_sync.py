@@ -12,6 +12,8 @@ envs, same ratios.
 
 Prints a table, writes bench/results/pql_vs_sync.json and prints the same JSON as its last line.
 Headline key: time_to_threshold_ratio (synchronous / PQL wall-clock).
+
+Results: docs/results/speed.md
 """
 
 from __future__ import annotations

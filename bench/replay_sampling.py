@@ -9,6 +9,8 @@ Times are medians of repeated calls in one process, 1 torch thread, after warm-u
 Prints a table, writes bench/results/replay_sampling.json and prints the same JSON as its last line.
 Headline keys: prioritized_over_uniform_cost (worst case over batch sizes, time per batch),
 ours_over_reference_speed (worst case, sampled transitions/s ours / cpprb).
+
+Results: docs/results/speed.md
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ Headline keys: `residual_success`, `bc_success`, `scratch_success` (SAC from scr
 (means over seeds at the budget) and `residual_over_bc`. Prints a table, writes
 bench/results/residual.json (with the curves) and residual.png, and prints the JSON without the
 curves as its last line.
+
+Results: docs/results/learners.md
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ For every robot task and batch size, with uniform random actions in [-1, 1]:
 With --mjx it adds q2real's MJX backend (on CPU, correctness only: XLA on CPU is far slower than native).
 
 Prints a table, writes bench/results/robot_throughput.json and prints the same JSON as its last line.
+
+Results: docs/results/speed.md
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ Headline keys (hopper): `coxq_training_cost_ratio` (SAC-Lag's training cost / CO
 `coxq_return_ratio` (COX-Q's final return / SAC-Lag's); the same for reach with a `_reach` suffix.
 Runs go two at a time, one torch thread each. Prints a table, writes bench/results/safe.json (with the
 curves) and safe.png, and prints the JSON without the curves as its last line.
+
+Results: docs/results/learners.md
 """
 
 from __future__ import annotations

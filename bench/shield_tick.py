@@ -9,6 +9,8 @@ tick_p99_us (the compiled shield on the 7-DoF arm), reference_tick_p99_us (the r
 speedup_p50 and the kernels' import time (compile, or load from numba's cache). The workspace check
 (MuJoCo forward kinematics of the target) is timed separately on the one position-controlled MJCF at
 hand, the cartpole rail as a 1-DoF position robot.
+
+Results: docs/results/deploy-loop.md
 """
 
 from __future__ import annotations

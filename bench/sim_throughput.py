@@ -12,6 +12,8 @@ With --mjx (or when JAX sees a GPU) it adds q2real's MJX backend at --mjx-batch 
 
 Prints a table, writes bench/results/sim_throughput.json and prints the same JSON as its last line.
 Headline: ratio_vs_single_thread = best over models at batch >= 256 of (q2real backend / mj_step loop).
+
+Results: docs/results/speed.md
 """
 
 from __future__ import annotations

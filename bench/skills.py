@@ -35,6 +35,8 @@ has a base. The best run's
 policy is exported as `bench/results/skills/<task>.onnx`, its run directory kept under
 `bench/results/skills/runs/` (networks only). Curves go to bench/results/skills.png (one line per
 recipe and seed); figures to bench/results/skills.json, whose headline is also the last line printed.
+
+Results: docs/results/skills.md
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ Headline keys: `final_return` (the mean over seeds of the last evaluation), `bes
 `random_return`, `final_over_random` and `transitions_per_s` (the whole run, evaluations
 included). Prints a table, writes bench/results/stream_hopper.json and stream_hopper.png, and prints
 the headline JSON as its last line. About 5 ms per transition here (1 thread), evaluations included.
+
+Results: docs/results/learners.md
 """
 
 from __future__ import annotations

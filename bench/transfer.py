@@ -22,6 +22,8 @@ shield_intervention_rate_ratio (the fraction of the policy's ticks on which the 
 its command, on the ROS path, for the policy trained without the shield in the loop over the one
 trained with it) and shield_change_ratio (the same for how far the clamps moved the command); the
 same two on the gate's simulated episodes are reported beside them.
+
+Results: docs/results/gate.md
 """
 
 from __future__ import annotations

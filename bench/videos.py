@@ -4,6 +4,8 @@
 Writes bench/results/videos/<skill>.gif (320x240, 12.5 fps, a few seconds: well under 2 MB each) and
 prints each one's size and the filmed episode's return. Seeds are picked to show the skill: the push
 episode is one the policy wins (it wins about 60 % of them, `bench/skills.py`).
+
+Results: docs/results/skills.md
 """
 
 from __future__ import annotations

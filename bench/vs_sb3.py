@@ -24,6 +24,8 @@ threads.
 Prints a table, writes bench/results/vs_sb3.json and prints the same JSON as its last line.
 Headline keys: time_to_threshold_ratio, tuned_time_ratio, updates_per_s_ratio (SB3 / q2real time,
 q2real / SB3 updates/s: above 1 means q2real is faster).
+
+Results: docs/results/speed.md
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The `q2real` command: `train`, `finetune`, `eval`, `export`, `render`, `deploy`, `learn`, `transfer`, `demos`,
-`envs`, `presets`, `rollout`.
+`envs`, `presets`, `config`, `rollout`.
 
 Job commands take `--preset NAME|FILE` and `key.sub=value` overrides, resolved in that order on top of
 the job's dataclass defaults; `--print-config` shows the result without running anything.
@@ -69,6 +69,14 @@ def _envs(args: argparse.Namespace) -> int:
 def _presets(args: argparse.Namespace) -> int:
     for name in list_presets():
         print(name)
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    """The config reference, the same Markdown as the documentation's page, or one part of it."""
+    from q2real.cli.config_reference import page, part
+
+    print(part(args.doc) if args.doc else page(), end="")
     return 0
 
 
@@ -613,6 +621,16 @@ def build_parser() -> argparse.ArgumentParser:
     envs.add_argument("--task", help="show one task's description and default task_params")
     envs.set_defaults(func=_envs)
     command("presets", help="list shipped config presets").set_defaults(func=_presets)
+    reference = command("config", help="document every config key: its type, default and what it does")
+    reference.add_argument(
+        "--doc",
+        nargs="?",
+        const="",
+        required=True,
+        metavar="NAME",
+        help="print the reference: all of it, or one job, section or task (train, sac, env, shield, presets, ...)",
+    )
+    reference.set_defaults(func=_config)
     dep = command("deploy", help="run a policy bundle on a robot over ROS 2 (DDS), behind the shield")
     dep.add_argument("bundle", metavar="BUNDLE", help="policy bundle (.onnx) from `q2real export`")
     dep.add_argument("--sim", action="store_true", help="start the bundle's robot in simulation (loopback DDS)")

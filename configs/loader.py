@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -34,20 +34,20 @@ class ConfigError(Q2RealError, ValueError):
 _SECTION = "q2real_section"
 
 
-def section(by: str, choices: Mapping[str, Callable[[], Any]], default: str) -> Any:
+def section(by: str, choices: Mapping[str, type], default: str) -> Any:
     """A dataclass field holding the settings of the choice that field `by` names, written under that
     choice's name (`choices` maps each name to its settings class)."""
     return dataclasses.field(default_factory=choices[default], metadata={_SECTION: (by, dict(choices))})
 
 
-def _sections(config: Any) -> dict[str, tuple[str, dict[str, Callable[[], Any]]]]:
-    """Section field name -> (the field that chooses it, its choices)."""
+def section_fields(config: Any) -> dict[str, tuple[str, dict[str, type]]]:
+    """Section field name -> (the field that chooses it, its choices), of a config or its class."""
     return {f.name: f.metadata[_SECTION] for f in dataclasses.fields(config) if _SECTION in f.metadata}
 
 
 def section_name(config: Any, field_name: str) -> str:
     """The key a section field is written under: the current value of the field that chooses it."""
-    return getattr(config, _sections(config)[field_name][0])
+    return getattr(config, section_fields(config)[field_name][0])
 
 
 def _coerce(value: Any, tp: Any, source: str, key: str) -> Any:
@@ -123,7 +123,7 @@ def merge(config: T, data: Mapping[str, Any], source: str, prefix: str = "") -> 
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(type(config))
-    sections = _sections(config)
+    sections = section_fields(config)
     changes: dict[str, Any] = {}
     # A choosing field goes first, whatever its place in `data`: it decides which section keys exist.
     for name, (by, choices) in sections.items():
@@ -259,7 +259,7 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        sections = _sections(value)
+        sections = section_fields(value)
         return {
             (section_name(value, f.name) if f.name in sections else f.name): _plain(getattr(value, f.name))
             for f in dataclasses.fields(value)

@@ -41,6 +41,88 @@ _ROBOT_ARRAYS = {
 """JointSpec field -> the per-joint list in a bundle's robot section that holds it."""
 
 
+FIELDS: dict[str, str] = {
+    "schema_version": f"int, {SCHEMA_VERSION}: the layout of this document; a node refuses any other version.",
+    "task": "The q2real task the policy was trained on; the sim robot rebuilds that task's world from it.",
+    "robot": "The robot the policy was trained for, the only robot facts the node reads (null: a gym adapter's "
+    "env, which no robot runs).",
+    "robot.name": "The robot spec's name (`hardware/`): the node checks the bundle against this machine's spec of "
+    "that name and refuses it where they differ (`allow_robot_mismatch=true`: runs with the tighter of both).",
+    "robot.sha256": "Digest of the robot spec and model files the policy trained with (64 lowercase hex digits); "
+    "a different one on this machine is a difference like any other.",
+    "robot.control_mode": '"position" (PD targets) or "torque" (efforts).',
+    "robot.joint_names": "The joints in action order, one per action dimension; joint states are matched by name.",
+    "robot.default_pose": "rad (or m): where a start ramps to and a reset holds.",
+    "robot.position_limits": "[lower, upper] per joint (null: unbounded); the shield's hard limits.",
+    "robot.velocity_limits": "rad/s per joint: the shield's rate window per tick is this times the control period.",
+    "robot.effort_limits": "N·m (or N) per joint: a torque command's clamp, and the bound on a PD target's torque.",
+    "robot.kp": "PD stiffness per joint the policy trained with (position control).",
+    "robot.kd": "PD damping per joint.",
+    "robot.stop_decelerations": "rad/s² per joint that a stop may take to bring the commanded motion to rest "
+    "(null or absent: at once); refused when a joint would take longer than 1 s from its velocity limit.",
+    "robot.imu": "The IMU's site and mounting rotation (null: no IMU); the IMU observation terms need it.",
+    "robot.imu.site": "The MuJoCo site the IMU sits at.",
+    "robot.imu.rotation": "Quaternion (w, x, y, z) from the IMU's frame to the base's.",
+    "control_period": "Seconds per tick (> 0): the node ticks at this period.",
+    "observation": "What the graph's `obs` input holds, term by term, so the node can build it from ROS inputs.",
+    "observation.dim": "Length of one observation (>= 1); the terms' dims sum to it.",
+    "observation.terms": "The observation's terms in order; their dims sum to `observation.dim`.",
+    "observation.terms[]": "One term: a slice of the observation.",
+    "observation.terms[].name": "The task's name for the term (`joint_position`, `command`, ...).",
+    "observation.terms[].dim": "Its length (>= 1).",
+    "observation.terms[].source": "Where the node reads it on the robot: `{kind, ...}` (see the source kinds "
+    "below); a kind the node does not know, or an unknown key, is refused.",
+    "observation.normalization": "The observation normalizer, baked into the graph.",
+    "observation.normalization.baked_in": "true: the graph normalizes its input; the node feeds raw values.",
+    "observation.normalization.clip": "The normalized observation's clip (informational: it is in the graph).",
+    "action": "How the graph's output maps to the robot's commands.",
+    "action.dim": "Joints commanded (>= 1), one per `robot.joint_names` entry.",
+    "action.clip": "[-1, 1]: the policy's normalized action range.",
+    "action.scale": "Per joint, >= 0: command = offset + scale * action.",
+    "action.offset": "Per joint: the command at action 0; it must lie within the joint's position (or effort) limits.",
+    "action.output": "The mapping in words, for a reader.",
+    "action.step": "Per joint, in [0, 2]: a stepping policy's largest change of its action per tick (absent: "
+    "the policy outputs absolute actions).",
+    "action.step_range": "[low, high] per joint, -1 <= low <= high <= 1: where a stepping policy's action may go.",
+    "io": "The ONNX graph's inputs and outputs, checked against the graph when the bundle loads.",
+    "io.input": "The graph's one input.",
+    "io.input.name": '"obs".',
+    "io.input.shape": '["batch", observation.dim].',
+    "io.output": "The graph's action output.",
+    "io.output.name": '"actions": commands in the robot\'s units (scale and offset are inside the graph).',
+    "io.output.shape": '["batch", action.dim], or ["batch", chunk.size, action.dim] for a chunk policy.',
+    "io.cost_output": "A constrained policy's second output, its cost critic's value of the action.",
+    "io.cost_output.name": '"cost_q".',
+    "io.cost_output.shape": '["batch"].',
+    "chunk": "An action-chunk policy (absent: one action per query): how its chunks are executed.",
+    "chunk.size": "Actions per chunk.",
+    "chunk.execute": "Actions executed from each chunk before the next query (receding horizon).",
+    "chunk.ensemble": "Temporal-ensembling weight across overlapping chunks (null: none).",
+    "chunk.dt": "Seconds per action; must equal `control_period`.",
+    "cost_critic": "A constrained (safe RL) policy's cost critic, for the node's veto of over-budget actions.",
+    "cost_critic.output": '"cost_q".',
+    "cost_critic.cost_limit": "The episode cost budget it was trained under (>= 0).",
+    "cost_critic.value_limit": "The critic value above which the node vetoes an action (>= 0).",
+    "cost_critic.gamma": "The cost critic's discount, in (0, 1].",
+    "figures": "The task's live figures on the console and /diagnostics: `fall_tilt` (rad), `within` (m), `point` "
+    "(a body point whose distance to the target is shown).",
+    "training": "Where the policy came from (informational): the node shows nothing of it and acts on none of it.",
+    "training.algo": "The learner (`sac`, `crossq`, ..., `residual`, `bc`).",
+    "training.env_steps": "Env steps trained.",
+    "training.config": "The run's whole resolved config, as `config.yaml` holds it.",
+    "training.residual": "A residual policy's base and demonstrations.",
+    "training.residual.scale": "The residual's bound in action units.",
+    "training.residual.base": "The BC base's run directory and checkpoint digest.",
+    "training.residual.demos": "The demonstrations the residual mixed into its batches.",
+    "git_sha": "The q2real commit that exported it.",
+    "exported_at": "When it was exported (ISO 8601).",
+    "opset": "The ONNX opset of the graph.",
+}
+"""Every field a bundle's metadata may carry (list items as `[]`): what it means and what the node checks.
+The bundle reference is generated from this table, and a test fails when an exported bundle carries a
+field it does not list."""
+
+
 class BundleError(Q2RealError, ValueError):
     """A bundle is unreadable, malformed, from another schema version, or disagrees with itself."""
 

@@ -52,6 +52,18 @@ DEFAULT_QOS = Qos(
     Policy.History.KeepLast(10),
 )
 SENSOR_QOS = Qos(Policy.Reliability.BestEffort, Policy.Durability.Volatile, Policy.History.KeepLast(5))
+TOPIC_QOS = {
+    "joint_states": SENSOR_QOS,
+    **{topic: SENSOR_QOS for _, topic, _, _ in STREAMS},
+    "mode": LATCHED_QOS,
+}
+"""`topics.*` role -> the DDS-wire node's QoS for it, where it is not DEFAULT_QOS: sensor streams best
+effort (they match RELIABLE and BEST_EFFORT publishers), the mode latched for late subscribers."""
+
+
+def topic_qos(role: str) -> Qos:
+    return TOPIC_QOS.get(role, DEFAULT_QOS)
+
 
 LOOPBACK = (
     "<CycloneDDS><Domain><General><Interfaces><NetworkInterface name='lo'/></Interfaces>"
@@ -230,28 +242,31 @@ class DdsNode:
         self._forward = ForwardCommand(msg, len(node.names)) if config.command_style == "forward" else None
         node.subscribers = lambda: len(self.command_writer.get_matched_subscriptions())
         self.diagnostics_writer = self.dds.writer(topics.diagnostics, msg.DiagnosticArray)
-        self.mode_writer = self.dds.writer(topics.mode, msg.String, LATCHED_QOS)
+        self.mode_writer = self.dds.writer(topics.mode, msg.String, topic_qos("mode"))
         self._mode = ""
         self._first_names: list[str] | None = None
         self._robot_seen = threading.Event()
         subscribed = [
-            (topics.joint_states, msg.JointState, self._on_joint_state, SENSOR_QOS),
-            (topics.estop, msg.Bool, lambda m: node.on_estop(m.data), DEFAULT_QOS),
-            (topics.reset, msg.Empty, lambda m: node.on_reset(), DEFAULT_QOS),
-            (topics.start, msg.Empty, lambda m: node.start(), DEFAULT_QOS),
-            (topics.stop, msg.Empty, lambda m: node.on_stop(), DEFAULT_QOS),
-            (topics.task_command, msg.Float64MultiArray, lambda m: node.on_task_command(m.data), DEFAULT_QOS),
+            ("joint_states", msg.JointState, self._on_joint_state),
+            ("estop", msg.Bool, lambda m: node.on_estop(m.data)),
+            ("reset", msg.Empty, lambda m: node.on_reset()),
+            ("start", msg.Empty, lambda m: node.start()),
+            ("stop", msg.Empty, lambda m: node.on_stop()),
+            ("task_command", msg.Float64MultiArray, lambda m: node.on_task_command(m.data)),
         ]
         if node.learning is not None:
-            subscribed.append((topics.reward, msg.Float64, lambda m: node.on_reward(m.data), DEFAULT_QOS))
+            subscribed.append(("reward", msg.Float64, lambda m: node.on_reward(m.data)))
         for stream, topic, kind, handler in STREAMS:  # only the streams the bundle reads
             if stream in node.inputs.streams:
-                subscribed.append((getattr(topics, topic), getattr(msg, kind), getattr(node, handler), SENSOR_QOS))
-        self.input_topics = {resolve_topic(name, NODE_NAME): kind for name, kind, _, _ in subscribed}
+                subscribed.append((topic, getattr(msg, kind), getattr(node, handler)))
+        names = {role: getattr(topics, role) for role, _, _ in subscribed}
+        self.input_topics = {resolve_topic(names[role], NODE_NAME): kind for role, kind, _ in subscribed}
         """Every topic the node reads, with its type: what a recorder stores beside the node's outputs."""
         self.readers = [
-            self.dds.reader(name, kind, self._recorded(resolve_topic(name, NODE_NAME), handler), qos)
-            for name, kind, handler, qos in subscribed
+            self.dds.reader(
+                names[role], kind, self._recorded(resolve_topic(names[role], NODE_NAME), handler), topic_qos(role)
+            )
+            for role, kind, handler in subscribed
         ]
         self._closed = False
         self.diagnostics = DiagnosticsThread(node, self._write_diagnostics).start()

@@ -47,7 +47,7 @@ STREAMS = {
 }
 """Kind -> the node input it reads, for every term that is not made of joint states."""
 KINDS = (*JOINT_KINDS, *STREAMS)
-_KEYS = {
+SOURCE_KEYS = {
     "joint_position": {"joints", "offset"},
     "joint_velocity": {"joints"},
     "joint_position_cos_sin": {"joints"},
@@ -201,7 +201,7 @@ class ObservationBuilder:
                     "this bundle does not say how to build its observation on a robot"
                 )
             kind, dim = spec["kind"], term["dim"]
-            unknown = sorted(set(spec) - {"kind"} - _KEYS.get(kind, set()))
+            unknown = sorted(set(spec) - {"kind"} - SOURCE_KEYS.get(kind, set()))
             if unknown:
                 raise BundleError(f"{where}: source: unknown key(s) {brief(unknown)} for a '{kind}' term")
             names = spec.get("joints", [])

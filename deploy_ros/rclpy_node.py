@@ -42,7 +42,7 @@ from q2real.deploy_ros.commands import command_message, diagnostics_message, sta
 from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
 from q2real.deploy_ros.inputs import STREAMS
 from q2real.deploy_ros.node import PolicyNode, Tick
-from q2real.deploy_ros.settings import NODE_NAME, config_from_parameters
+from q2real.deploy_ros.settings import NODE_NAME, TRIGGER_SERVICES, config_from_parameters
 from q2real.deploy_ros.signals import on_signal
 
 MESSAGES = SimpleNamespace(
@@ -91,8 +91,8 @@ class RclpyPolicyNode(Node):
         self.create_subscription(Empty, topics.start, lambda _m: core.start(), 10)
         self.create_subscription(Empty, topics.stop, lambda _m: core.on_stop(), 10)
         # The same requests as services, answered with the mode the next ticks left (std_srvs/Trigger).
-        for kind, topic in (("start", topics.start), ("stop", topics.stop), ("reset", topics.reset)):
-            self.create_service(Trigger, topic, self._service(kind))
+        for kind in TRIGGER_SERVICES:
+            self.create_service(Trigger, getattr(topics, kind), self._service(kind))
         self.mode_pub = self.create_publisher(String, topics.mode, LATCHED_QOS)
         self._mode = ""
         self.create_subscription(Float64MultiArray, topics.task_command, self._on_task_command, 10)

@@ -18,6 +18,8 @@ from q2real.safety.shield import ShieldConfig
 PolicyRuntime = Literal["auto", "compiled", "onnxruntime"]
 
 NODE_NAME = "q2real_policy"
+TRIGGER_SERVICES = ("start", "stop", "reset")
+"""The operator's requests the rclpy node also serves as std_srvs/Trigger, on the same names as their topics."""
 ROS_OWN_PARAMETERS = ("use_sim_time", "start_type_description_service")
 """Parameters every rclpy node declares itself (the second since Jazzy): not q2real settings."""
 
@@ -36,10 +38,13 @@ class TopicConfig:
     """ROS 2 topic names; `~/` is private to the node (`/q2real_policy/...`)."""
 
     joint_states: str = "/joint_states"
+    """sensor_msgs/JointState from the robot: the measured positions and velocities every tick reads."""
     command: str | None = None
     """None: ros2_control's default for the command style (forward or trajectory controller)."""
     estop: str = "~/estop"
+    """std_msgs/Bool: true latches ESTOP at once; false changes nothing (only a reset leaves ESTOP)."""
     reset: str = "~/reset"
+    """std_msgs/Empty: the operator's reset, ESTOP, HOLD or DAMP back to PASSIVE."""
     start: str = "~/start"
     """std_msgs/Empty: the operator's start (the rclpy node also serves it as a std_srvs/Trigger)."""
     stop: str = "~/stop"
@@ -47,6 +52,8 @@ class TopicConfig:
     mode: str = "~/mode"
     """std_msgs/String, latched (transient local): the shield's mode, published on every change."""
     task_command: str = "~/command"
+    """std_msgs/Float64MultiArray: the task's command (a reach target), for policies that follow one;
+    a command of the wrong length or outside the trained range is refused."""
     reward: str = "~/reward"
     """std_msgs/Float64, read while fine-tuning: a reward the node cannot compute (a scale, a vision
     system, an operator's score), for the learner's `reward=topic`; each value is the reward of the
@@ -58,6 +65,7 @@ class TopicConfig:
     object_pose: str = "/object_pose"
     """geometry_msgs/PoseStamped of the tracked object, for manipulation policies that observe one."""
     diagnostics: str = "/diagnostics"
+    """diagnostic_msgs/DiagnosticArray: the node's reports (`q2real monitor` follows them)."""
 
     def validate(self, command: str) -> None:
         """Every name valid, and no two roles on one topic (an e-stop topic that is also the joint
@@ -188,6 +196,7 @@ class FinetuneSettings:
     tls_cert: str | None = None
     """...and with this PEM certificate and `tls_key` the robot proves itself to the learner (mutual TLS)."""
     tls_key: str | None = None
+    """PEM file of the private key of `tls_cert`."""
 
     @property
     def enabled(self) -> bool:
@@ -243,6 +252,9 @@ class NodeConfig:
     control_period: float | None = None
     """Seconds per tick; None: the bundle's. Changing it changes the shield's rate windows too."""
     trigger: Literal["state", "timer"] = "state"
+    """`state`: tick when a fresh joint state arrives, so no thread handoff stands between a state and its
+    command (the timer ticks for a late state, and for a robot much faster than the policy); `timer`:
+    tick on the period's timer alone."""
     autostart: bool = False
     """Start the ramp on the first valid joint state and hand over to the policy when it ends; without
     it the operator starts through `start()` (the CLI's Enter key)."""
@@ -257,8 +269,11 @@ class NodeConfig:
     controller name, domain or middleware is then a node that says why, not a policy running into a
     void. Off only for setups without a controller (benches)."""
     diagnostics_period: float = 0.5
+    """Seconds between /diagnostics reports; a mode change or a shield reason is reported at once."""
     topics: TopicConfig = field(default_factory=TopicConfig)
+    """The ROS 2 topic of every input and output."""
     shield: ShieldConfig = field(default_factory=ShieldConfig)
+    """The safety shield every command passes through: limits, faults, fallback and ramp."""
     record: str | None = None
     """Write every tick (observation, raw action, shielded command, flags) to this MCAP bag."""
     robot: str | None = None
@@ -267,7 +282,9 @@ class NodeConfig:
     allow_robot_mismatch: bool = False
     """Run although the bundle's robot differs from this machine's spec; every difference is logged."""
     inputs: InputsConfig = field(default_factory=InputsConfig)
+    """Age and sanity limits of the IMU, velocity command and tracked object inputs."""
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
+    """CPU pinning, SCHED_FIFO priority, memory locking and garbage collection of the node's process."""
     policy_runtime: PolicyRuntime = "auto"
     """What runs the policy each tick: `compiled` (the graph lowered to one compiled function for a
     batch of one, about 3x faster than ONNX Runtime on a node that sleeps between ticks; refuses a
@@ -278,6 +295,7 @@ class NodeConfig:
     `cost_critic.value_limit` is the per-state level matching the limit it was trained for); needs a
     bundle with a cost critic. A non-finite Q_c is vetoed too. None: no veto."""
     finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+    """Fine-tuning on the robot beside the node; off unless `finetune.run` or `finetune.learner_address`."""
 
     def validate(self) -> None:
         if self.cost_veto is not None:

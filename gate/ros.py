@@ -32,7 +32,7 @@ from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.gate.sim_robot import GROUND_TRUTH_TOPIC
-from q2real.gate.transfer import GateError
+from q2real.gate.verdict import GateError
 from q2real.hardware.action import action_from_command
 from q2real.sim import EnvConfig
 from q2real.sim.config import target_actions

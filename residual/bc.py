@@ -41,12 +41,16 @@ from q2real.sim.config import refuse_stepped_actions
 @dataclass
 class BCConfig:
     algo: Literal["bc"] = "bc"
+    """Behaviour cloning; `algo=bc` is what selects this job in `q2real train`."""
     dataset: str = ""
     """A LeRobotDataset v3 folder (`q2real demos record`, or imported)."""
     env: EnvConfig = field(default_factory=lambda: EnvConfig(task="", num_envs=1))
     """The env to evaluate on and export for; an empty task takes the dataset's task and task_params."""
     log: LogConfig = field(default_factory=LogConfig)
+    """Where the run directory goes (named `bc-<task>-<time>` unless `log.name` is set); the losses are
+    logged once per epoch."""
     hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of the cloned policy (an MLP with a tanh output)."""
     chunk: int = 1
     """Actions predicted per query (h); they run open loop unless `execute` is smaller."""
     execute: int = 0
@@ -54,9 +58,13 @@ class BCConfig:
     ensemble: float | None = None
     """ACT's temporal-ensembling coefficient (needs execute=1), or null."""
     lr: float = 1e-3
+    """AdamW learning rate."""
     weight_decay: float = 1e-4
+    """AdamW weight decay."""
     batch_size: int = 256
+    """Frames per gradient step of the squared-error loss."""
     max_epochs: int = 500
+    """Passes over the training episodes at most; `patience` usually stops earlier."""
     patience: int = 30
     """Epochs without a better validation loss before stopping."""
     val_fraction: float = 0.1
@@ -66,8 +74,12 @@ class BCConfig:
     max_episodes: int = 0
     """Use only the first N (kept) episodes; 0 = all. A deliberately weak base is a BC from a few demos."""
     eval_episodes: int = 10
+    """Episodes the best epoch's policy is evaluated on at the end, in parallel, seeded as a training
+    run's evaluation (env.seed + 10000), so a base and the residual on it meet the same ones; 0: none."""
     seed: int = 0
+    """Seeds the network's initialization, the held-out split and the batches' order."""
     threads: int = 1
+    """torch CPU threads while training."""
 
     def spec(self) -> ChunkSpec:
         return ChunkSpec(self.chunk, self.execute or self.chunk, self.ensemble)

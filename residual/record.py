@@ -16,7 +16,9 @@ from q2real.sim import EnvConfig, VecEnv
 @dataclass
 class RecordConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(task="panda_reach", num_envs=8))
+    """The task recorded on; its envs run in parallel and every one steps until enough episodes ended."""
     episodes: int = 50
+    """Episodes the dataset keeps (only successful ones with `successful_only`)."""
     out: str = ""
     """The new dataset folder."""
     policy: str = "expert"
@@ -24,6 +26,7 @@ class RecordConfig:
     successful_only: bool = False
     """Keep recording until `episodes` episodes succeeded, and keep only those."""
     seed: int = 0
+    """Seed of the episodes' initial states (the env's reset); `env.seed` seeds its randomized physics."""
 
     def validate(self) -> None:
         if self.episodes < 1:

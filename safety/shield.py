@@ -62,6 +62,7 @@ class ShieldConfig:
     """What RUN drops to on its own: a stiff hold (arms) or damping with kp = 0 (legged robots: never
     stiff while falling); None: damp for a floating-base robot (its spec names a base IMU), else hold."""
     action_clip: float = 1.0
+    """Policy actions are clipped to [-action_clip, action_clip] (at most 1) before they become commands."""
     action_scale: tuple[float, ...] | None = None
     """Per joint; None maps [-1, 1] as q2real's tasks do (torque: effort limit; position: to the limits)."""
     action_offset: tuple[float, ...] | None = None
@@ -77,8 +78,14 @@ class ShieldConfig:
     deadline: float | None = None
     """Seconds the policy may take; None means half the control period."""
     max_deadline_misses: int = 3
+    """Policy outputs in a row that are missing or later than `deadline` before RUN falls back; each
+    one holds the previous target for its tick."""
     max_bad_actions: int = 3
+    """Non-finite or misshaped policy outputs in a row before RUN falls back; each one is dropped and the
+    previous target held."""
     ramp_time: float = 2.0
+    """Seconds RAMP takes to move the robot from its measured pose to the default pose, before the policy
+    takes over."""
     ramp_max_distance: float = 1.0
     """Largest |measured - default| (rad or m) from which RAMP may start."""
     damp_kd: float = 1.0
@@ -86,7 +93,10 @@ class ShieldConfig:
     workspace_points: tuple[str, ...] = ()
     """MJCF sites or bodies (e.g. the end effector) that must stay inside the workspace box; empty = off."""
     workspace_lower: tuple[float, float, float] = (-math.inf, -math.inf, -math.inf)
+    """Lower corner (m, the robot model's world frame) of the box the `workspace_points` must stay in:
+    a target that puts one outside is replaced by the previous target."""
     workspace_upper: tuple[float, float, float] = (math.inf, math.inf, math.inf)
+    """Upper corner (m) of that box."""
 
     def validate(self) -> None:
         """Every value finite and of the sign its rule needs: a NaN margin or a negative damping gain

@@ -15,7 +15,8 @@ from q2real.sim.randomization import RandomizationConfig
 @dataclass
 class EnvConfig:
     task: str = "cartpole_swingup"
-    """A registered task (`q2real envs`), `gymnasium:<id>` or `playground:<name>`."""
+    """A registered task (`q2real envs`), or an adapter's env: `gymnasium:<id>`, `playground:<name>` or
+    `robosuite:<name>`."""
     num_envs: int = 64
     """Environments stepped in parallel."""
     backend: Literal["auto", "mujoco", "mjx"] = "auto"
@@ -23,9 +24,12 @@ class EnvConfig:
     device: str = "auto"
     """Torch device for observations, actions and rewards; `auto` picks CUDA when present."""
     seed: int = 0
+    """Seeds the env's random draws: initial states and randomized physics. Training seeds torch with it
+    too, and evaluation envs use seed + 10000."""
     task_params: dict[str, Any] = field(default_factory=dict)
-    """Task settings (see `q2real envs --task NAME`), or keyword arguments for a gymnasium/playground env."""
+    """Task settings (see `q2real envs --task NAME`), or keyword arguments for an adapter's env."""
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
+    """Domain randomization, drawn once per env: physics, sensor noise, latency, pushes, payload."""
     shield_in_loop: bool | None = None
     """Pass every action through the shield's deterministic clamps (`q2real.sim.shield_clamps`: clip,
     soft limits, the rate limit on the previous target, effort feasibility) at their defaults, so the

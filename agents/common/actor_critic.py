@@ -47,42 +47,65 @@ class ActorCriticConfig:
     """Settings shared by every actor-critic learner."""
 
     gamma: float = 0.99
+    """Discount per env step; a backup of n steps (`n_step`, a chunk) bootstraps with gamma^n. Lower
+    (0.97) shortens the horizon the critic must predict, higher values a longer one."""
     tau: float = 0.005
     """Polyak rate of the target critic."""
     batch_size: int = 256
+    """Transitions per gradient update of the critics and the actor."""
     n_step: int = 1
+    """Rewards summed (discounted) before the TD target bootstraps: more spreads a sparse reward back
+    faster, at the price of bias from the older policy's actions. 1 with action chunks (their length is
+    the backup)."""
     actor_lr: float = 3e-4
+    """Adam learning rate of the actor."""
     critic_lr: float = 3e-4
+    """Adam learning rate of the critics."""
     weight_decay: float = 0.0
     """AdamW weight decay (0 = Adam)."""
     adam_beta1: float = 0.9
     """Adam's first-moment decay for the actor and critics (CrossQ: 0.5)."""
     actor_hidden: tuple[int, ...] = (256, 256)
+    """The actor's hidden layer widths; for the `flash` trunk, one entry per inverted-residual block."""
     critic_hidden: tuple[int, ...] = (256, 256)
     """Layer widths; for the `flash` trunk, one entry per inverted-residual block."""
     network: Trunk = "mlp"
+    """Hidden-layer trunk of the actor, and of the critics unless `critic_network` is set: `mlp`,
+    `layernorm` (LayerNorm in every layer), `renorm` (batch renormalization, CrossQ) or `flash`
+    (FlashSAC's normalized inverted-residual blocks)."""
     critic_network: Trunk | None = None
     """The critics' trunk where it differs from the actor's (DroQ: layernorm critics, an mlp actor);
     None: `network`."""
     critic_dropout: float = 0.0
     """Dropout after each hidden linear map of the critics (DroQ: 0.01), in the target critic too."""
     num_critics: int = 2
+    """Critics in the ensemble; the TD target takes the pessimistic one (clipped double Q with 2)."""
     target_subset: int = 0
     """Bootstrap from the minimum over a random subset of this many target critics, drawn per update
     (REDQ/RLPD: 10 critics, subsets of 2); 0 = the minimum over all of them."""
     policy_delay: int = 1
     """Critic updates per actor update."""
     critic_head: Literal["scalar", "categorical", "quantile"] = "scalar"
+    """What each critic predicts: a `scalar` Q value, a `categorical` distribution over `num_atoms`
+    fixed returns in [v_min, v_max] (C51, as FastTD3 and FlashSAC) or `num_quantiles` return
+    `quantile`s (QR-DQN, targets pooled over the ensemble as TQC)."""
     huber: bool = False
     """Huber instead of squared TD error (scalar head)."""
     num_atoms: int = 101
+    """Atoms of the categorical head's support, evenly spaced on [v_min, v_max]."""
     num_quantiles: int = 32
     """Quantiles per critic member (quantile head)."""
     drop_top: int = 0
     """Quantile head: target atoms dropped per member from the top of the pooled target (TQC)."""
     v_min: float = -250.0
+    """Lowest return the categorical head represents (targets are clipped into [v_min, v_max]): the
+    support must cover the task's discounted returns, or those after `scale_rewards`."""
     v_max: float = 250.0
+    """Highest return the categorical head represents; with `scale_rewards`, also the bound the scaled
+    discounted returns are fitted into."""
     normalize_obs: bool = True
+    """Normalize observations by their running mean and variance (clipped to +-10 std); the statistics
+    are saved with checkpoints and baked into the exported bundle."""
     scale_rewards: bool = False
     """FlashSAC return-based reward scaling (pairs with a categorical head on [-v_max, v_max])."""
     project_weights: bool = False

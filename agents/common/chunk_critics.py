@@ -44,6 +44,9 @@ class ChunkConfig:
     size: int = 1
     """Actions per chunk the critic values, which is also the backup's length (h; 1 = per-step learner)."""
     critic: Literal["qc", "dqc", "multi"] = "qc"
+    """How chunks are valued: `qc`, one Q over the whole chunk (Q-chunking); `dqc`, that critic plus
+    one distilled onto the policy's shorter prefix (`policy_size`, decoupled Q-chunking); `multi`, a
+    causal transformer that values every prefix of the chunk (multi-horizon)."""
     policy_size: int = 0
     """dqc: actions the policy predicts, a prefix of the critic's chunk (0 = size; required < size)."""
     execute: int = 0
@@ -55,7 +58,9 @@ class ChunkConfig:
     width: int = 64
     """multi: the transformer's model width (T-SAC uses 128-256; at 64 a CPU update took ~120 ms, h = 4)."""
     layers: int = 2
+    """multi: transformer blocks of each critic."""
     heads: int = 4
+    """multi: attention heads per block; `width` must be a multiple of it."""
 
     @property
     def policy_length(self) -> int:

@@ -38,10 +38,12 @@ class LogConfig:
     name: str = ""
     """Run directory name; empty means `<task>-<YYYYmmdd-HHMMSS>`."""
     tensorboard: bool = True
+    """Also write the metrics as TensorBoard events, to the run directory's `tb/`."""
     wandb: Literal["off", "online", "offline"] = "off"
     """Weights & Biases mode; `online` needs credentials (WANDB_API_KEY or `wandb login`) and is refused
     before the run starts without them; `offline` writes the run under the run directory's `wandb/`."""
     wandb_project: str = "q2real"
+    """Weights & Biases project the run is logged to (with `wandb` online or offline)."""
     interval_steps: int = 10_000
     """Env steps (summed over envs) between two metric records."""
     video: bool = False

@@ -145,11 +145,16 @@ class SamplerConfig:
     """
 
     kind: Literal["uniform", "prioritized", "dspear"] = "uniform"
+    """`uniform`; `prioritized`, PER (Schaul et al. 2016): transitions drawn in proportion to
+    (|TD error| + eps)^alpha, corrected by importance weights; `dspear`, the two streams above."""
     alpha: float = 0.6
+    """Priority exponent: 0 samples uniformly, 1 in full proportion to |TD error| + eps."""
     beta: float = 0.4
     """Initial importance-weight exponent, annealed linearly to 1 over `beta_steps` critic updates."""
     beta_steps: int = 100_000
+    """Critic updates over which the importance-weight exponent rises from `beta` to 1."""
     eps: float = 1e-3
+    """Added to |TD error| before the exponent, so no transition's priority falls to zero."""
     critic_stream: bool = True
     """dspear: prioritized critic batches with IS weights and a Huber loss (off: uniform critic)."""
     actor_stream: bool = True
@@ -157,8 +162,11 @@ class SamplerConfig:
     anchor: bool = True
     """dspear: CV-driven prioritized fraction (off: fully prioritized critic batches)."""
     anchor_gain: float = 1.0
+    """dspear: the gain in rho = clip(anchor_gain * CV / (1 + CV), rho_min, rho_max)."""
     rho_min: float = 0.1
+    """dspear: the smallest prioritized fraction of a critic batch, so the prioritized stream never starves."""
     rho_max: float = 0.9
+    """dspear: the largest prioritized fraction of a critic batch, so the uniform stream never starves."""
     cv_smoothing: float = 0.99
     """EMA factor of the CV estimate over critic batches."""
 

@@ -27,14 +27,22 @@ from q2real.agents.stream.obgd import ObGD
 @dataclass
 class StreamACConfig:
     gamma: float = 0.99
+    """Discount per env step."""
     lamda: float = 0.8
     """Trace decay lambda (stream-x's default)."""
     lr: float = 1.0
+    """ObGD's step size before its overshooting bound, which shrinks any step that would carry the
+    prediction past its own target (stream-x's 1.0)."""
     kappa_value: float = 2.0
+    """The critic's ObGD bound factor (>= 1): larger keeps each step further from overshooting."""
     kappa_policy: float = 3.0
+    """The actor's ObGD bound factor (>= 1)."""
     entropy_coef: float = 0.01
+    """Weight of the policy's entropy in the actor's objective (signed by the TD error)."""
     hidden: tuple[int, ...] = (128, 128)
+    """Hidden layer widths of the actor and the critic."""
     sparsity: float = 0.9
+    """Share of each unit's input weights set to zero at initialization (sparse init, as stream-x)."""
 
     def checks(self) -> list[tuple[bool, str, str]]:
         return [

@@ -41,15 +41,23 @@ FORMAT = 1
 @dataclass
 class StreamTrainConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(task="pendulum_swingup", num_envs=1))
+    """The task learned on: one env, one stream of transitions (`num_envs` must be 1)."""
     log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=5_000))
+    """Where the run directory goes and how metrics are logged."""
     algo: Literal["stream_ac"] = "stream_ac"
+    """The streaming learner; `algo=stream_ac` is what selects this job in `q2real train`."""
     stream_ac: StreamACConfig = field(default_factory=StreamACConfig)
+    """Stream AC(lambda)'s settings."""
     total_steps: int = 200_000
+    """Transitions to learn from, each once."""
     eval_every: int = 10_000
     """Env steps between deterministic evaluations (0 = only at the end)."""
     eval_envs: int = 10
+    """Evaluation episodes, run in parallel, one per env, on envs seeded apart from training."""
     checkpoint_every: int = 50_000
+    """Env steps between checkpoints, the points `--resume` continues from (0 = only at the end)."""
     stop_return: float | None = None
+    """Stop early once the evaluation mean return reaches this."""
     threads: int = 1
     """torch CPU threads: a batch of one gains nothing from more."""
 

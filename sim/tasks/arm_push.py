@@ -42,13 +42,20 @@ class ArmPushConfig(TaskConfig):
     """rad around the home pose, as for reaching: clamped IK reaches as much of the floor under the
     target box as with the whole joint range."""
     cube_low: tuple[float, float] = (0.4, -0.15)
+    """Lower corner (m, x and y on the floor, base frame) of the box the cube starts in, uniformly."""
     cube_high: tuple[float, float] = (0.6, 0.15)
+    """Upper corner (m) of the cube's start box."""
     target_low: tuple[float, float] = (0.35, -0.3)
+    """Lower corner (m, x and y on the floor, base frame) of the box the target is drawn from; the
+    trained range a command on the robot must lie in."""
     target_high: tuple[float, float] = (0.7, 0.3)
+    """Upper corner (m) of the target box."""
     distance_scale: float = 0.1
+    """Distance (m) at which the reach and push terms have fallen to 1 - tanh(1) = 0.24."""
     push_weight: float = 4.0
     """Weight of the cube-to-target term against the pusher-to-cube term (weight 1)."""
     joint_noise: float = 0.05
+    """Std (rad) of the Gaussian noise on the home pose at reset."""
     approach: Literal["cube", "behind"] = "cube"
     """Where the reach term draws the pusher: the cube's centre, or the contact point behind it."""
     sparse: bool = False

@@ -53,6 +53,8 @@ class ArmReachConfig(TaskConfig):
     target_low: tuple[float, float, float] = (0.3, -0.3, 0.2)
     """Lower corner (m) of the target box in the base frame."""
     target_high: tuple[float, float, float] = (0.6, 0.3, 0.6)
+    """Upper corner (m) of the target box; targets are uniform in the box, the range a command on the
+    robot must lie in."""
     distance_scale: float = 0.2
     """Distance (m) at which the reward has fallen to 1 - tanh(1) = 0.24."""
     joint_noise: float = 0.1
@@ -64,6 +66,7 @@ class ArmReachConfig(TaskConfig):
     keepout_low: tuple[float, float, float] | None = None
     """Lower corner (m, base frame) of the box the end effector should stay out of; None: no box."""
     keepout_high: tuple[float, float, float] | None = None
+    """Upper corner (m, base frame) of the keep-out box; give both corners or neither."""
 
 
 class ArmReach(Task):

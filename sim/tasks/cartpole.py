@@ -45,7 +45,9 @@ class CartpoleConfig(TaskConfig):
     sparse: bool = False
     """Reward 1 only while upright and centred (see the module docstring), else 0."""
     upright_cosine: float = 0.95
+    """sparse: the pole counts as upright while the cosine of its angle from vertical is at least this."""
     sparse_cart_range: float = 0.5
+    """sparse: how far (m) from the centre the cart may be while the upright pole pays."""
 
 
 class CartpoleSwingup(Task):

@@ -32,12 +32,17 @@ class SpotJoystickConfig(FloatingBaseConfig):
     episode_length: int = 1000
     command_every: int = 250
     zero_command_share: float = 0.1
+    """Share of command draws that are all zero: standing still is a command too."""
     forward_speed: tuple[float, float] = (-1.0, 1.0)
+    """Range (m/s) the commanded forward speed is drawn from, uniformly."""
     lateral_speed: tuple[float, float] = (-0.5, 0.5)
+    """Range (m/s) of the commanded lateral speed."""
     yaw_rate: tuple[float, float] = (-1.0, 1.0)
+    """Range (rad/s) of the commanded yaw rate."""
     tracking_sigma: float = 0.25
     """Squared-error scale of the tracking rewards."""
     yaw_tracking_weight: float = 0.5
+    """Weight of the yaw-rate tracking reward against the planar velocity's (weight 1)."""
     vertical_velocity_weight: float = 2.0
     """Penalty per (m/s)^2 of base velocity along z."""
     roll_pitch_rate_weight: float = 0.05

@@ -34,8 +34,12 @@ class VelocityConfig(TaskConfig):
     velocity_threshold: float = 0.0
     """Forward speed (m/s) above which a step costs 1; each task sets Safety-Gymnasium's."""
     ctrl_cost_weight: float = 1e-3
+    """Weight of the control cost |a|^2 subtracted from each step's reward."""
     healthy_reward: float = 1.0
+    """Bonus per step while the robot is healthy (upright, in its height range)."""
     reset_noise: float = 5e-3
+    """Half-width of the uniform noise on the rest pose and velocities at reset (HalfCheetah's
+    velocities: the std of Gaussian noise)."""
 
 
 @dataclass

@@ -14,7 +14,9 @@ import yaml
 from q2real.agents.callbacks import evaluate
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.gate.perturbations import perturbations
-from q2real.gate.transfer import GateError, ratio_interval, run_gate, shielded_returns
+from q2real.gate.shielded import shielded_returns
+from q2real.gate.transfer import run_gate
+from q2real.gate.verdict import GateError, ratio_interval
 from q2real.hardware import robot_spec
 from q2real.hardware.model import load_model
 from q2real.sim import RandomizationConfig, make
@@ -256,7 +258,7 @@ def test_the_ratio_interval_pairs_each_episode_with_its_reference() -> None:
 def test_a_return_against_a_negative_reference_is_judged_by_the_returns_not_the_ratio() -> None:
     """Spot trained under the shield falls without it (as trained, no shield: -449); the ratio's sign then
     flips its meaning, so the row compares the returns themselves."""
-    from q2real.gate.transfer import judged
+    from q2real.gate.verdict import judged
 
     better = judged("shield", torch.tensor([300.0, 400.0]), torch.tensor([-400.0, -500.0]), 0.9)
     assert better.passed and better.ratio < 0
