@@ -6,34 +6,21 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from q2real.agents.algos.sac_lag import SACLagConfig
 from q2real.agents.common.actor_critic import ActorCriticConfig
 from q2real.agents.common.run_dir import LogConfig
 from q2real.agents.common.samplers import SamplerConfig
-from q2real.agents.coxq import COXQConfig
-from q2real.agents.crossq import CrossQConfig
-from q2real.agents.droq import DroQConfig
-from q2real.agents.flashsac import FlashSACConfig
 from q2real.agents.pql import PQLConfig
-from q2real.agents.sac import SACConfig
-from q2real.agents.sac_lag import SACLagConfig
-from q2real.agents.td3 import DDPGConfig, TD3Config
+from q2real.agents.registry import LEARNER_SETTINGS, LEARNERS
 from q2real.configs.errors import RunDirError
 from q2real.configs.loader import load, section
 from q2real.sim import EnvConfig
 
-LEARNER_CONFIGS: dict[str, type[ActorCriticConfig]] = {
-    "sac": SACConfig,
-    "td3": TD3Config,
-    "ddpg": DDPGConfig,
-    "flashsac": FlashSACConfig,
-    "crossq": CrossQConfig,
-    "droq": DroQConfig,
-    "sac_lag": SACLagConfig,
-    "coxq": COXQConfig,
-}
-"""algo -> its settings; a config holds exactly one of them, under the algo's name."""
+LEGACY_SECTIONS = ("sac", "td3", "ddpg", "flashsac")
+"""The learners of the time when a run directory's config carried every learner's section: an old one
+holds exactly these, whatever learners were registered since."""
 
 
 @dataclass
@@ -42,9 +29,10 @@ class TrainConfig:
     """The task trained on and its envs; evaluation runs `eval_envs` more of them, seeded apart."""
     log: LogConfig = field(default_factory=lambda: LogConfig(interval_steps=5_000))
     """Where the run directory goes and how metrics are logged."""
-    algo: Literal["sac", "td3", "ddpg", "flashsac", "crossq", "droq", "sac_lag", "coxq"] = "sac"
-    """Which learner; its settings are the section of the same name (`sac:`, `td3:`, ...)."""
-    agent: ActorCriticConfig = section("algo", LEARNER_CONFIGS, "sac")
+    algo: str = "sac"
+    """Which learner (a name of `q2real.agents.registry.LEARNERS`); its settings are the section of the same
+    name (`sac:`, `td3:`, ...)."""
+    agent: ActorCriticConfig = section("algo", LEARNER_SETTINGS, "sac")
     """The learner's settings, written under the algo's name; switching `algo` starts from its defaults."""
     total_steps: int = 50_000
     """Env steps summed over all envs."""
@@ -85,10 +73,10 @@ class TrainConfig:
     def upgrade(cls, data: Mapping[str, Any], source: str) -> Mapping[str, Any]:
         """Run directories written before a config held one learner section carry every learner's
         section; only the chosen algo's ever took effect, so the others are dropped."""
-        if not all(name in data for name in LEARNER_CONFIGS):
+        if not all(name in data for name in LEGACY_SECTIONS):
             return data
         algo = data.get("algo", "sac")
-        return {k: v for k, v in data.items() if k not in LEARNER_CONFIGS or k == algo}
+        return {k: v for k, v in data.items() if k not in LEARNERS or k == algo}
 
     def validate(self) -> None:
         for key in ("total_steps", "eval_envs"):
@@ -106,8 +94,10 @@ class TrainConfig:
             )
         if self.stop_return is not None and math.isnan(self.stop_return):
             raise ValueError("stop_return: expected a number or null, got nan")
-        if type(self.agent) is not LEARNER_CONFIGS[self.algo]:
-            expected = LEARNER_CONFIGS[self.algo].__name__
+        if self.algo not in LEARNERS:
+            raise ValueError(f"algo: expected one of {list(LEARNERS)}, got {self.algo!r}")
+        if type(self.agent) is not LEARNERS[self.algo].config:
+            expected = LEARNERS[self.algo].config.__name__
             raise ValueError(f"{self.algo}: expected {expected} settings for algo={self.algo}")
         self.log.validate()
         self.agent.validate(self.algo)

@@ -20,13 +20,13 @@ import onnx
 import torch
 from torch import nn
 
+from q2real.agents.algos.sac_lag import SACLag
 from q2real.agents.common.actor_critic import ActorCritic
 from q2real.agents.common.checkpoint import CHECKPOINT
 from q2real.agents.common.networks import float32_matmuls
 from q2real.agents.common.run_dir import git_state
 from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.learners import restore_agent
-from q2real.agents.sac_lag import SACLag
 from q2real.configs.loader import to_dict
 from q2real.contracts.chunks import ChunkSpec
 from q2real.contracts.schema import (
@@ -126,7 +126,7 @@ class CostGraph(CommandGraph):
         return self.command(obs, action), self.cost.value(normalized, action)
 
 
-def cost_metadata(agent: SACLag, algo: str) -> dict[str, Any]:
+def cost_metadata(agent: SACLag) -> dict[str, Any]:
     cfg = agent.config
     return {
         "output": "cost_q",
@@ -135,7 +135,7 @@ def cost_metadata(agent: SACLag, algo: str) -> dict[str, Any]:
         "value_limit": agent.value_limit,
         "gamma": cfg.gamma,
         "limit_horizon": cfg.limit_horizon,
-        "estimate": "upper quantile tail, ensemble mean" if algo == "coxq" else "ensemble mean",
+        "estimate": agent.cost_estimate,
     }
 
 
@@ -190,7 +190,7 @@ def agent_metadata(config: TrainConfig, env: VecEnv, agent: ActorCritic, step: i
     training = {"algo": config.algo, "env_steps": step, "config": to_dict(config)}
     meta = bundle_metadata(env, config.env.task, normalization, agent.config.chunk.spec(), training)
     if isinstance(agent, SACLag):
-        meta["cost_critic"] = cost_metadata(agent, config.algo)
+        meta["cost_critic"] = cost_metadata(agent)
         meta["io"]["cost_output"] = {"name": "cost_q", "shape": ["batch"]}
     return meta
 

@@ -1,4 +1,4 @@
-"""The learner registry: which `ActorCritic` each algo builds, and whether a checkpoint fits it."""
+"""Building the learner `algo` names (`LEARNERS`) for an env, and whether a checkpoint fits it."""
 
 from __future__ import annotations
 
@@ -9,29 +9,16 @@ from typing import TypeVar
 
 import torch
 
-from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig
+from q2real.agents.algos.sac_lag import SACLag
+from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig, Sizes
 from q2real.agents.common.checkpoint import CHECKPOINT, check_config, check_shapes, load_checkpoint
 from q2real.agents.config import TrainConfig
-from q2real.agents.coxq import COXQ
-from q2real.agents.crossq import CrossQ
-from q2real.agents.sac import SAC
-from q2real.agents.sac_lag import SACLag
-from q2real.agents.td3 import TD3
+from q2real.agents.registry import LEARNERS
 from q2real.configs.loader import to_dict
 from q2real.sim import VecEnv
 
 C = TypeVar("C", bound=ActorCriticConfig)
 
-ALGORITHMS: dict[str, type[ActorCritic]] = {
-    "sac": SAC,
-    "td3": TD3,
-    "ddpg": TD3,
-    "flashsac": SAC,
-    "crossq": CrossQ,
-    "droq": SAC,
-    "sac_lag": SACLag,
-    "coxq": COXQ,
-}
 # Agent settings that decide which tensors a learner holds and their shapes; a checkpoint only fits a
 # run that agrees on them (keys a section lacks, such as SAC's target_actor, are skipped).
 AGENT_SHAPE_KEYS = (
@@ -57,11 +44,9 @@ def build_agent(config: TrainConfig, env: VecEnv) -> ActorCritic:
     agent_config = config.agent
     if config.sampler.kind == "dspear" and config.sampler.critic_stream:
         agent_config = dataclasses.replace(agent_config, huber=True)  # D-SPEAR's critic stream: Huber TD loss
-    if issubclass(ALGORITHMS[config.algo], SACLag):
+    if issubclass(LEARNERS[config.algo].learner, SACLag):
         env.require_policy_obs(f"{config.algo}'s cost critic, which the deploy node queries,")
-    return ALGORITHMS[config.algo](
-        agent_config, env.obs_dim, env.action_dim, config.env.num_envs, env.device, env.policy_obs_dim
-    )
+    return LEARNERS[config.algo].learner(agent_config, Sizes.of(env, config.env.num_envs))
 
 
 def check_agent_checkpoint(

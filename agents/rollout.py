@@ -43,7 +43,7 @@ def rollout(config: RolloutConfig) -> Path:
     env = make(config.env)
     run = RunDir(config, config.log, config.env.task)
     logger = MetricLogger(run, config.log)
-    episodes = EpisodeTracker(env.num_envs, env.device)
+    episodes = EpisodeTracker(env.num_envs, env.device, env.reward_terms)
     gen = torch.Generator(device=env.device).manual_seed(config.env.seed)
     iterations = math.ceil(config.total_steps / env.num_envs)
     log_every = max(1, config.log.interval_steps // env.num_envs)

@@ -8,10 +8,11 @@ callbacks are in `q2real.agents.callbacks`, the checkpoint's contents in `q2real
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -51,6 +52,26 @@ class Trainer:
     """Owns the env, agent, replay and counters; `run()` trains to `total_steps` or an early stop."""
 
     def __init__(self, config: TrainConfig, callbacks: Sequence[Callback] = (), resume: Path | None = None):
+        self._check_job(config, resume)
+        self.config = config = self._join_ranks(config)
+        self._torch_threads = torch.get_num_threads()  # restored after the run: the setting is process-wide
+        torch.manual_seed(config.env.seed)
+        self._make_envs()
+        self._check_envs()
+        with self._envs_closed_on_error():
+            self.agent = self.build_agent()
+        if self.parallel_data is not None:
+            self.parallel_data.attach(self.agent)
+        self._make_replay()
+        self._reset_counters()
+        self.obs = self.env.reset(seed=config.env.seed)
+        with self._envs_closed_on_error():
+            elapsed = self._restore(Path(resume)) if resume is not None else 0.0
+        self._open_run_dir(callbacks, resume, elapsed)
+
+    # --- building a trainer, step by step ------------------------------------------------------------
+    def _check_job(self, config: TrainConfig, resume: Path | None) -> None:
+        """Refuse a job that cannot run before anything is built: its settings, the run it starts from."""
         config.validate()
         self.init_from = Path(config.init_from) if config.init_from is not None and resume is None else None
         """The run whose learner this one starts from; a resume loads its own checkpoint instead."""
@@ -58,30 +79,41 @@ class Trainer:
             raise ConfigError(f"init_from: {self.init_from} holds no {CHECKPOINT}; expected a training run's directory")
         if config.agent.chunk.size > 1:
             refuse_stepped_actions(config.env, "a chunk policy")
+
+    def _join_ranks(self, config: TrainConfig) -> TrainConfig:
+        """Under torchrun, join the data-parallel group and return this rank's config: its own env seeds
+        and device. Alone, the config as it is."""
         self.ranks = ranks = Ranks.launched()
         """This process's rank in a torchrun job (None when it trains alone)."""
         self.parallel_data: DataParallel | None = None
-        if ranks is not None:
-            if config.pql.enabled:
-                raise ConfigError(
-                    "pql.enabled: Parallel Q-Learning cannot run under torchrun: its learner processes step "
-                    "their own optimizers concurrently with collection, so no all-reduce can keep ranks in "
-                    "step; train PQL in one process (it already spreads over the cores)"
-                )
-            env = dataclasses.replace(
-                config.env, seed=config.env.seed + ranks.rank * SEED_STRIDE, device=ranks.device(config.env.device)
+        if ranks is None:
+            return config
+        if config.pql.enabled:
+            raise ConfigError(
+                "pql.enabled: Parallel Q-Learning cannot run under torchrun: its learner processes step "
+                "their own optimizers concurrently with collection, so no all-reduce can keep ranks in "
+                "step; train PQL in one process (it already spreads over the cores)"
             )
-            config = dataclasses.replace(config, env=env)
-            self.parallel_data = DataParallel(ranks, torch.device(env.device))
-        self.config = config
-        self._torch_threads = torch.get_num_threads()  # restored after the run: the setting is process-wide
-        torch.manual_seed(config.env.seed)
+        env = dataclasses.replace(
+            config.env, seed=config.env.seed + ranks.rank * SEED_STRIDE, device=ranks.device(config.env.device)
+        )
+        self.parallel_data = DataParallel(ranks, torch.device(env.device))
+        return dataclasses.replace(config, env=env)
+
+    def _make_envs(self) -> None:
+        """The training envs and the evaluation envs, seeded apart; torch's CPU threads are chosen between
+        them, once the training device is known."""
+        config, ranks = self.config, self.ranks
         self.env = self.make_env(config.env)
         self.envs_per_iteration = self.env.num_envs * (ranks.world if ranks is not None else 1)
         """Env steps one iteration adds to `step`: every rank's envs."""
         self.threads = self._thread_policy()
         self.eval_env = self.make_env(dataclasses.replace(config.env, num_envs=config.eval_envs, seed=self.eval_seed))
-        env = self.env
+
+    def _check_envs(self) -> None:
+        """Refuse a learner the task cannot serve: a cost limit without a safety cost, or a replay and
+        networks the device cannot hold."""
+        config, env = self.config, self.env
         if getattr(config.agent, "cost_limit", None) is not None and not env.has_cost:
             raise ConfigError(
                 f"algo: {config.algo} learns under a cost limit, and env.task {config.env.task} defines no safety "
@@ -89,22 +121,29 @@ class Trainer:
                 "them, `q2real envs --task NAME` says how to switch it on) or another algo"
             )
         check_fits(config.algo, config.agent, config.replay_capacity, env.obs_dim, env.action_dim, env.device)
+
+    @contextlib.contextmanager
+    def _envs_closed_on_error(self) -> Iterator[None]:
+        """Close both envs if the block fails: a trainer that is never returned is never closed."""
         try:
-            self.agent = self.build_agent()
+            yield
         except BaseException:
             self.env.close()
             self.eval_env.close()
             raise
-        if self.parallel_data is not None:
-            self.parallel_data.attach(self.agent)
-        self.replay = ReplayStorage(
-            config.replay_capacity, self.env.num_envs, self.env.obs_dim, self.env.action_dim, self.env.device
-        )
+
+    def _make_replay(self) -> None:
+        """The replay storage, its sampler, the episode statistics and a chunk policy's executor."""
+        config, env = self.config, self.env
+        self.replay = ReplayStorage(config.replay_capacity, env.num_envs, env.obs_dim, env.action_dim, env.device)
         self.sampler = self.make_sampler()
-        self.episodes = EpisodeTracker(self.env.num_envs, self.env.device)
+        self.episodes = EpisodeTracker(env.num_envs, env.device, env.reward_terms)
         spec = config.agent.chunk.spec()
-        self.chunks = ChunkExecutor(self.agent.act, spec, self.env) if spec.size > 1 else None
+        self.chunks = ChunkExecutor(self.agent.act, spec, env) if spec.size > 1 else None
         """Executes an exploring chunk policy tick by tick, as its bundle will run (None per step)."""
+
+    def _reset_counters(self) -> None:
+        """Steps, owed updates, the metric window and the last evaluation, as at the start of a run."""
         self.step = self.iteration = 0
         self.update_credit = 0.0
         """Fractional updates owed to the next iteration (`updates_per_step` below 1)."""
@@ -122,22 +161,18 @@ class Trainer:
         self.last_eval_cost: float | None = None
         """Mean summed safety cost of the last evaluation's episodes."""
         self.parallel: ParallelLearners | None = None
-        self.obs = self.env.reset(seed=config.env.seed)
-        elapsed = 0.0
-        if resume is not None:
-            try:
-                elapsed = self._restore(Path(resume))
-            except BaseException:
-                self.env.close()
-                self.eval_env.close()
-                raise
+
+    def _open_run_dir(self, callbacks: Sequence[Callback], resume: Path | None, elapsed: float) -> None:
+        """The run directory, its metric logger and the callbacks. Every rank's checkpoint is collective, so
+        every rank checkpoints; only the leader logs, evaluates and runs the caller's callbacks, and other
+        ranks write theirs under its directory (`rank<r>/`)."""
+        config, ranks = self.config, self.ranks
         if ranks is None or ranks.leader:
             self.run_dir = RunDir(config, config.log, config.env.task, resume=resume)
             if self.parallel_data is not None:
                 self.run_dir.update_meta(ranks=self.parallel_data.ranks.world)
                 self.parallel_data.from_leader(str(self.run_dir.path))
             log = config.log
-            # Every rank's checkpoint is collective; only the leader logs, evaluates and runs the caller's callbacks.
             builtin: list[Callback] = [CheckpointCallback(), LogCallback(), EvalCallback()]
             callbacks = [*builtin, *callbacks]
         else:

@@ -1,6 +1,6 @@
 """Lost ticks and latency of the deploy node over DDS loopback, quiet and beside a busy process.
 
-This process plays the robot (`q2real.deploy_ros.probe`): every period it publishes a
+This process plays the robot (`tests/deploy_ros/probe.py`): every period it publishes a
 `sensor_msgs/JointState` (pendulum hinge) and stamps when the node's command comes back. A state
 without a command within 0.95 of a period is lost (the controller would reuse the last command).
 The node runs as its own process (`q2real deploy`, the default job's network, shield in RUN) and
@@ -41,9 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from q2real.deploy_ros.dds import use_loopback
-from q2real.deploy_ros.probe import ProbeResult, busy_neighbour, lost_causes, match_ticks, probe, rate_ratio_interval
 from q2real.deploy_ros.timing import COLUMN, SPANS
+from q2real.deploy_ros.transport.dds import use_loopback
+
+PROBE = Path(__file__).resolve().parents[1] / "tests" / "deploy_ros" / "probe.py"
+"""The stand-in robot that times the node, as the real-time tests time it; the echo peer runs it as a script."""
+sys.path.insert(0, str(PROBE.parent))
+
+from probe import ProbeResult, busy_neighbour, lost_causes, match_ticks, probe, rate_ratio_interval  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WARMUP = 3.0
@@ -153,7 +158,7 @@ def run_part(
     if peer == "node":
         process = node_process(bundle, rate, total, timings, extra)
     else:
-        process = subprocess.Popen([sys.executable, "-m", "q2real.deploy_ros.probe", "--echo", str(total)])
+        process = subprocess.Popen([sys.executable, str(PROBE), "--echo", str(total)])
     try:
         result = probe(rate, seconds, WARMUP)
     except TimeoutError:

@@ -42,12 +42,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from q2real.agents.algos.crossq import CrossQ, CrossQConfig
+from q2real.agents.algos.sac import SAC, SACConfig
 from q2real.agents.callbacks import Callback, StopTraining
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.samplers import UniformSampler
 from q2real.agents.config import TrainConfig
-from q2real.agents.crossq import CrossQ, CrossQConfig
-from q2real.agents.sac import SAC, SACConfig
 from q2real.agents.train import Trainer
 from q2real.configs.loader import load
 from q2real.sim import make
@@ -199,7 +200,7 @@ def updates_per_second(
     sampler = UniformSampler()
 
     def ours(learner: type[SAC], config: SACConfig):
-        agent = learner(config, obs_dim, action_dim, 1, torch.device("cpu"))
+        agent = learner(config, Sizes(obs_dim, action_dim, 1, torch.device("cpu")))
 
         def work() -> None:
             for _ in range(25):

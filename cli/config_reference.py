@@ -16,19 +16,20 @@ import inspect
 import math
 import re
 import sys
-import textwrap
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 import yaml
 
 from q2real.agents.config import TrainConfig
-from q2real.agents.finetune import FinetuneConfig
 from q2real.agents.jobs import job_kind
+from q2real.agents.onrobot.finetune import FinetuneConfig
 from q2real.agents.rollout import RolloutConfig
 from q2real.agents.stream.train import StreamTrainConfig
+from q2real.configs.docstrings import class_node, field_docs
 from q2real.configs.loader import ConfigError, list_presets, load, read_preset, section_fields, to_dict
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.residual.bc import BCConfig
@@ -132,6 +133,8 @@ class _Section:
     """Key it is written under -> the jobs that have it there."""
     chosen: list[tuple[str, str, str]] = field(default_factory=list)
     """(the choosing key, the choice, the job) for a section written under a choice's name."""
+    tasks: list[str] = field(default_factory=list)
+    """The tasks whose settings hold it (`env.task_params.reward_scales`)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,8 @@ class Reference:
         for task in registry.task_names():
             settings = registry.default_config(task)
             tasks[task] = self._walk(type(settings), settings, "env.task_params.", "env.task_params.", None)
+            for cls in {cls for entry in tasks[task] for cls in entry.sections}:
+                self.sections[cls].tasks.append(task)
         self.names = self._name_sections(jobs)
         self.parts: dict[str, Part] = {}
         for job in JOBS:
@@ -171,6 +176,7 @@ class Reference:
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
         sections = section_fields(cls)
+        choosers = dict(sections.values())  # a field that chooses a section takes its choices' names
         entries = []
         for f in dataclasses.fields(cls):
             value, declared = getattr(config, f.name), _declared(cls, f.name)
@@ -188,7 +194,8 @@ class Reference:
                 default = _yaml(changed) if changed else ""
                 entries.append(Entry(f"{prefix}{f.name}", "section", default, doc, declared, (type(value),)))
             else:
-                entries.append(Entry(f"{prefix}{f.name}", type_name(hints[f.name]), _yaml(value), doc, declared))
+                kind = _one_of(choosers[f.name]) if f.name in choosers else type_name(hints[f.name])
+                entries.append(Entry(f"{prefix}{f.name}", kind, _yaml(value), doc, declared))
         return entries
 
     def _register(
@@ -215,7 +222,10 @@ class Reference:
         for cls, found in self.sections.items():
             key, users = next(iter(found.keys.items()))
             name = key.split(".")[-1]
-            if name in taken:
+            if found.tasks and not users:
+                # Every task's own settings class under the one key: named after its (first) task.
+                name = f"{found.tasks[0]}.{name}"
+            elif name in taken:
                 name = f"{users[0]}.{key}" if users else key
             taken.add(name)
             names[cls] = name
@@ -228,9 +238,11 @@ class Reference:
             keys = _join(f"`{key}`" for key in found.keys)
             lines = [f"Chosen by {choosing} in {where}: its keys are written under {keys}."]
         else:
+            tasks = f" of the task{'s' if len(found.tasks) > 1 else ''} " + _join(f"`{t}`" for t in found.tasks)
             lines = [
                 "Written under "
                 + _join(f"`{key}`" + (f" ({_join(jobs)})" if jobs else "") for key, jobs in found.keys.items())
+                + (tasks if found.tasks else "")
                 + "."
             ]
         summary = _class_summary(found.cls)
@@ -343,40 +355,6 @@ def _first_sentence(text: str) -> str:
     return text
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's attribute docstring, from the nearest class of `cls`'s bases that gives it one."""
-    docs: dict[str, str] = {}
-    for base in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(base):
-            docs.update(_declared_docs(base))
-    return docs
-
-
-@functools.cache
-def _declared_docs(cls: type) -> dict[str, str]:
-    """The attribute docstrings written in `cls`'s own body, each as one line of text."""
-    docs = {}
-    body = _class_node(cls).body
-    for node, after in zip(body, body[1:], strict=False):
-        text = _string(after)
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and text is not None:
-            docs[node.target.id] = " ".join(text.split())
-    return docs
-
-
-def _class_node(cls: type) -> ast.ClassDef:
-    node = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
-    assert isinstance(node, ast.ClassDef), cls
-    return node
-
-
-def _string(node: ast.stmt) -> str | None:
-    """The text of a statement that is a string literal alone (a docstring), else None."""
-    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-        return node.value.value
-    return None
-
-
 def _declared(cls: type, name: str) -> str:
     """`module.Class.name` of the class among `cls`'s bases that first declares field `name`."""
     declaring = next(base for base in reversed(cls.__mro__) if name in vars(base).get("__annotations__", {}))
@@ -385,7 +363,7 @@ def _declared(cls: type, name: str) -> str:
 
 def _class_summary(cls: type) -> str:
     """A settings class's own docstring; without one, the first paragraph of its module's."""
-    own = ast.get_docstring(_class_node(cls))
+    own = ast.get_docstring(class_node(cls))
     return _paragraphs(own) if own else _module_summary(cls)
 
 
@@ -406,7 +384,7 @@ def type_name(tp: Any) -> str:
     if origin in (Union, types.UnionType):
         return " | ".join(type_name(arg) for arg in sorted(args, key=lambda arg: arg is type(None)))
     if origin is Literal:
-        return " | ".join(f'"{arg}"' if isinstance(arg, str) else str(arg) for arg in args)
+        return _one_of(args)
     if origin in (tuple, list):
         if origin is tuple and not (args and args[-1] is Ellipsis):
             return "[" + ", ".join(type_name(arg) for arg in args) + "]"
@@ -416,6 +394,11 @@ def type_name(tp: Any) -> str:
     if tp is Any:
         return "any"
     return tp.__name__
+
+
+def _one_of(values: Iterable[Any]) -> str:
+    """The values a field may take, as a config file spells them: `"hold" | "damp"`."""
+    return " | ".join(f'"{value}"' if isinstance(value, str) else str(value) for value in values)
 
 
 def _yaml(value: Any) -> str:

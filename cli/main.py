@@ -191,7 +191,7 @@ def _against_base(trainer: ResidualTrainer) -> str:
 def _finetune(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from q2real.agents.finetune import FinetuneConfig, Finetuner, load_finetune_config
+    from q2real.agents.onrobot.finetune import FinetuneConfig, Finetuner, load_finetune_config
 
     if args.resume:
         resume = Path(args.resume)
@@ -454,7 +454,7 @@ def _shield_report(summary) -> str:
 
 
 def _monitor(args: argparse.Namespace) -> int:
-    from q2real.deploy_ros.monitor import monitor
+    from q2real.deploy_ros.watch.monitor import monitor
 
     print(
         f"q2real monitor: following {args.topic} (ROS_DOMAIN_ID {os.environ.get('ROS_DOMAIN_ID', '0')}); Ctrl-C stops"
@@ -471,8 +471,8 @@ def _operator(args: argparse.Namespace) -> int:
     import math
 
     from q2real.configs import checks
-    from q2real.deploy_ros.remote import NoNode, operate, status
     from q2real.deploy_ros.settings import NODE_NAME
+    from q2real.deploy_ros.watch.remote import NoNode, operate, status
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ConfigError(f"--timeout: expected seconds > 0, got {args.timeout}")
@@ -501,12 +501,12 @@ def _learn(args: argparse.Namespace) -> int:
 
     from q2real.agents.common.checkpoint import CHECKPOINT
     from q2real.agents.config import load_run_config
-    from q2real.agents.finetune import FinetuneConfig
-    from q2real.deploy_ros.link import Relay, Tls, serve
-    from q2real.deploy_ros.settings import FinetuneSettings
+    from q2real.agents.onrobot.finetune import FinetuneConfig
+    from q2real.deploy_ros.learning.link import Relay, Tls, serve
+    from q2real.deploy_ros.settings import RobotLearningSettings
 
     learner = tuple(args.overrides)
-    settings = FinetuneSettings(
+    settings = RobotLearningSettings(
         run=args.run_dir, publish_every=args.publish_every, learner=learner, learner_startup=args.startup
     )
     try:
@@ -575,7 +575,7 @@ def _job_arguments(parser: argparse.ArgumentParser, example: str = "env.num_envs
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from q2real.gate.sim_settings import add_perturbation_arguments, add_video_argument
+    from q2real.gate.sim_settings import DEPLOY_FIELDS, add_arguments
 
     parser = argparse.ArgumentParser(prog="q2real", description="Off-policy RL from batched MuJoCo to ROS 2 robots")
     parser.add_argument("--debug", action="store_true", help="show the traceback of q2real's own errors too")
@@ -638,8 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--timings", metavar="CSV", help="write every tick's stage timestamps here when it stops")
     dep.add_argument("--finetune", metavar="RUN_DIR", help="fine-tune the policy on the robot, continuing this run")
     dep.add_argument("--learner", metavar="HOST:PORT", help="fine-tune it on a remote learner (`q2real learn --serve`)")
-    add_perturbation_arguments(dep, "sim robot: ")
-    add_video_argument(dep, "sim robot: ")
+    add_arguments(dep, DEPLOY_FIELDS, "[sim robot] ")
     _job_arguments(dep, "autostart=true shield.ramp_time=2.0 record=session.mcap")
     dep.set_defaults(func=_deploy)
     mon = command("monitor", help="follow a running node's /diagnostics over DDS (no ROS install needed)")

@@ -115,9 +115,9 @@ _MESSAGE_TYPE = re.compile(r"^(\w+_msgs/\w+)")
 def ros_reference() -> str:
     """The node's ROS 2 interface: its topics (settable as `topics.*`), their types, direction and QoS, the
     services under rclpy, and the QoS profiles."""
-    from q2real.cli.config_reference import field_docs
-    from q2real.deploy_ros.dds import DEFAULT_QOS, LATCHED_QOS, SENSOR_QOS, topic_qos
+    from q2real.configs.docstrings import field_docs
     from q2real.deploy_ros.settings import NODE_NAME, TRIGGER_SERVICES, TopicConfig, resolve_topic
+    from q2real.deploy_ros.transport.dds import DEFAULT_QOS, LATCHED_QOS, SENSOR_QOS, topic_qos
 
     qos_names = {id(DEFAULT_QOS): "default", id(LATCHED_QOS): "latched", id(SENSOR_QOS): "sensor"}
     published = {"mode", "diagnostics", "command"}

@@ -36,11 +36,12 @@ _SECTION = "q2real_section"
 
 def section(by: str, choices: Mapping[str, type], default: str) -> Any:
     """A dataclass field holding the settings of the choice that field `by` names, written under that
-    choice's name (`choices` maps each name to its settings class)."""
-    return dataclasses.field(default_factory=choices[default], metadata={_SECTION: (by, dict(choices))})
+    choice's name (`choices` maps each name to its settings class). `by` may take exactly the names of
+    `choices`, which is kept, not copied, so a registry's later entries are choices too."""
+    return dataclasses.field(default_factory=choices[default], metadata={_SECTION: (by, choices)})
 
 
-def section_fields(config: Any) -> dict[str, tuple[str, dict[str, type]]]:
+def section_fields(config: Any) -> dict[str, tuple[str, Mapping[str, type]]]:
     """Section field name -> (the field that chooses it, its choices), of a config or its class."""
     return {f.name: f.metadata[_SECTION] for f in dataclasses.fields(config) if _SECTION in f.metadata}
 
@@ -129,6 +130,8 @@ def merge(config: T, data: Mapping[str, Any], source: str, prefix: str = "") -> 
     for name, (by, choices) in sections.items():
         if by in data:
             chosen = _coerce(data[by], hints[by], source, f"{prefix}{by}")
+            if chosen not in choices:
+                raise ConfigError(f"{source}: {prefix}{by}: expected one of {list(choices)}, got {chosen!r}")
             changes[by] = chosen
             if chosen != getattr(config, by):
                 changes[name] = choices[chosen]()

@@ -1,7 +1,7 @@
 """The deployment node's core: joint states in, shielded joint commands out, at the bundle's rate.
 
-Transport-agnostic: the DDS transport (`q2real.deploy_ros.dds`, ROS 2 wire format without a ROS
-install) and the rclpy node (`q2real.deploy_ros.rclpy_node`) both feed this class the same inputs
+Transport-agnostic: the DDS transport (`q2real.deploy_ros.transport.dds`, ROS 2 wire format without a ROS
+install) and the rclpy node (`q2real.deploy_ros.transport.rclpy_node`) both feed this class the same inputs
 and publish what it returns. Everything the node knows about the robot comes from the bundle.
 
 Each tick is a control loop's read -> update -> write, as in ros2_control:
@@ -95,7 +95,7 @@ class Reading:
 
 
 class OnRobotLearning(Protocol):
-    """Learning on the robot's own stream (`q2real.deploy_ros.finetune`), given to the node when it is
+    """Learning on the robot's own stream (`q2real.deploy_ros.learning.robot_side`), given to the node when it is
     built: it perturbs the policy's action before the shield and sees every published tick."""
 
     def explore(self, action: np.ndarray) -> np.ndarray: ...
@@ -114,7 +114,7 @@ class PolicyNode:
         config: NodeConfig | None = None,
         learning: Callable[[PolicyNode], OnRobotLearning] | None = None,
     ):
-        """`learning`: builds the on-robot learning this node runs with (`FineTuning.attach`)."""
+        """`learning`: builds the on-robot learning this node runs with (`RobotLearning.attach`)."""
         self.config = config = config or NodeConfig()
         config.validate()
         self.bundle = PolicyBundle(bundle, runtime=config.policy_runtime)
@@ -595,7 +595,7 @@ class PolicyNode:
 
     def swap(self, bundle: PolicyBundle, version: int) -> None:
         """Run `bundle` from the next tick on: between two ticks, never inside one. The caller has
-        checked that it is the same robot, observation and action (`q2real.deploy_ros.finetune`)."""
+        checked that it is the same robot, observation and action (`q2real.deploy_ros.learning.robot_side`)."""
         with self.loop.lock:
             self.bundle, self.version = bundle, version
 

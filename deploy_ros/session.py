@@ -26,15 +26,15 @@ from pathlib import Path
 
 from q2real.configs.loader import ConfigError
 from q2real.deploy_ros import realtime
-from q2real.deploy_ros.dds import ROBOT_STARTUP, DdsNode, use_loopback
-from q2real.deploy_ros.diagnostics import Report
 from q2real.deploy_ros.figures import figures_line
-from q2real.deploy_ros.finetune import FineTuning
+from q2real.deploy_ros.learning.robot_side import RobotLearning
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.observation import VELOCITY_COMMAND_NAMES
 from q2real.deploy_ros.programs import SIM_ROBOT, program
 from q2real.deploy_ros.settings import NodeConfig
 from q2real.deploy_ros.signals import on_signal
+from q2real.deploy_ros.transport.dds import ROBOT_STARTUP, DdsNode, use_loopback
+from q2real.deploy_ros.transport.diagnostics import Report
 from q2real.safety.compiled import COMPILE_SECONDS
 from q2real.safety.flags import Mode
 
@@ -160,10 +160,10 @@ def deploy(
     stop = stopper.event
     if sim:
         use_loopback()
-    node = PolicyNode(bundle, config, FineTuning.attach(config.finetune) if config.finetune.enabled else None)
+    node = PolicyNode(bundle, config, RobotLearning.attach(config.finetune) if config.finetune.enabled else None)
     if sim:
         check_sim_command(node, sim_extra or [])
-    tuning = node.learning if isinstance(node.learning, FineTuning) else None
+    tuning = node.learning if isinstance(node.learning, RobotLearning) else None
     # Paid when the node's modules were imported: before the robot is even awaited, never in a tick.
     print(f"shield: compiled kernels ready ({COMPILE_SECONDS:.2f} s to compile or load from the cache)", flush=True)
     print(f"policy: {node.bundle.runtime} ({node.bundle.compile_seconds:.2f} s to compile and check)", flush=True)
@@ -244,7 +244,7 @@ def _serve(
     status_every: float | None,
     operator_start: bool,
     startup: float = ROBOT_STARTUP,
-    tuning: FineTuning | None = None,
+    tuning: RobotLearning | None = None,
 ) -> None:
     """The node on DDS until `stop`; it always ends with a last safe command and a closed bag.
     `startup`: seconds to wait for the first joint state when `startup_timeout` is not set."""
@@ -253,7 +253,7 @@ def _serve(
     recorder = None
     try:
         if config.record:
-            from q2real.deploy_ros.recorder import Recorder
+            from q2real.deploy_ros.watch.recorder import Recorder
 
             metadata = node.bundle.info.metadata
             topic, kind = transport.command_topic, transport.command_type

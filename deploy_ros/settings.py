@@ -150,10 +150,12 @@ class RealtimeConfig:
 
 
 @dataclass
-class FinetuneSettings:
-    """Fine-tuning on the robot beside the node (`q2real deploy BUNDLE --finetune RUN_DIR`): a learner
-    process trains on the node's transitions and publishes new versions of the bundle, which the node
-    validates, swaps in at a tick boundary and rolls back when they do worse. Off while `run` is None."""
+class RobotLearningSettings:
+    """Fine-tuning on the robot beside the node (`q2real deploy BUNDLE --finetune RUN_DIR`), the robot's
+    side (the `finetune` section): a learner process trains on the node's transitions and publishes new
+    versions of the bundle, which the node validates, swaps in at a tick boundary and rolls back when
+    they do worse. The learner's own settings (`FinetuneConfig`) go through `learner`. Off while `run` is
+    None."""
 
     run: str | None = None
     """The trained run the bundle was exported from: the learner continues its checkpoint (critic too)."""
@@ -189,7 +191,7 @@ class FinetuneSettings:
     one-CPU machine, that CPU)."""
     learner_address: str | None = None
     """HOST:PORT of a remote learner (`q2real learn --serve` on a workstation) instead of one on the
-    robot: the run and the learner's settings are then the workstation's (`q2real.deploy_ros.link`)."""
+    robot: the run and the learner's settings are then the workstation's (`q2real.deploy_ros.learning.link`)."""
     tls_root: str | None = None
     """PEM file of the CA that signed the learner's certificate: the link uses TLS (else plain TCP,
     for a trusted network only)..."""
@@ -294,7 +296,7 @@ class NodeConfig:
     """Hold instead of any action whose cost critic value Q_c(obs, action) exceeds this (the bundle's
     `cost_critic.value_limit` is the per-state level matching the limit it was trained for); needs a
     bundle with a cost critic. A non-finite Q_c is vetoed too. None: no veto."""
-    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+    finetune: RobotLearningSettings = field(default_factory=RobotLearningSettings)
     """Fine-tuning on the robot beside the node; off unless `finetune.run` or `finetune.learner_address`."""
 
     def validate(self) -> None:

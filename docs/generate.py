@@ -32,7 +32,10 @@ def generators() -> dict[str, tuple[str, Callable[[], str]]]:
 
     pages["reference/cli.md"] = ("the argument parser of cli/main.py", cli_reference)
     pages["reference/bundle.md"] = ("contracts/schema.py's FIELDS and deploy_ros/observation.py", bundle_reference)
-    pages["reference/ros.md"] = ("deploy_ros/settings.py's TopicConfig and deploy_ros/dds.py's QoS", ros_reference)
+    pages["reference/ros.md"] = (
+        "deploy_ros/settings.py's TopicConfig and deploy_ros/transport/dds.py's QoS",
+        ros_reference,
+    )
     return pages
 
 

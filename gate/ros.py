@@ -27,10 +27,10 @@ import mujoco
 import numpy as np
 import torch
 
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import SENSOR_QOS, Endpoints, use_loopback
 from q2real.gate.sim_robot import GROUND_TRUTH_TOPIC
 from q2real.gate.verdict import GateError
 from q2real.hardware.action import action_from_command

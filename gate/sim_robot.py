@@ -39,14 +39,14 @@ from cyclonedds.idl import IdlStruct
 from cyclonedds.pub import DataWriter
 
 from q2real.configs.errors import Q2RealError
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.commands import command_values, stamp_now
-from q2real.deploy_ros.dds import LATCHED_QOS, SENSOR_QOS, Endpoints, use_loopback
 from q2real.deploy_ros.programs import SIM_ROBOT
 from q2real.deploy_ros.settings import NODE_NAME, NodeConfig, resolve_topic
 from q2real.deploy_ros.signals import on_signal
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.commands import command_values, stamp_now
+from q2real.deploy_ros.transport.dds import LATCHED_QOS, SENSOR_QOS, Endpoints, use_loopback
 from q2real.gate.ground_truth import GroundTruth, base_velocity
-from q2real.gate.sim_settings import PERTURBATIONS, SimRobotConfig, add_perturbation_arguments, add_video_argument
+from q2real.gate.sim_settings import PERTURBATIONS, SimRobotConfig, add_arguments, from_arguments
 from q2real.hardware.model import actuator_for_joint, load_model
 from q2real.hardware.spec import RobotSpec, robot_spec
 from q2real.hardware.stance import standing_height
@@ -551,30 +551,9 @@ class SimRobot:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=SIM_ROBOT, description="A robot played by MuJoCo in real time over ROS 2 DDS")
     parser.add_argument("robot", help="robot spec name in q2real/hardware (e.g. pendulum)")
-    parser.add_argument("--rate", type=float, default=None, help="Hz (default: the spec's control rate)")
-    parser.add_argument("--command-style", choices=("forward", "trajectory"), default="forward")
-    parser.add_argument("--command-timeout", type=float, default=0.1)
-    parser.add_argument("--drive-rate", type=float, default=500.0, help="Hz at which the drives take commands")
-    parser.add_argument("--initial", nargs="*", default=[], metavar="JOINT=VALUE", help="initial joint positions")
-    parser.add_argument("--task", default=None, help="play this task's world (its objects) around the robot")
-    parser.add_argument("--imu-rate", type=float, default=200.0, help="Hz of /imu/data")
-    parser.add_argument("--imu-noise", type=float, default=0.0, help="gyro noise std (rad/s), orientation tilt (rad)")
-    parser.add_argument("--imu-bias", type=float, default=0.0, help="bound of a constant gyro bias (rad/s)")
-    parser.add_argument("--object-rate", type=float, default=30.0, help="Hz of /object_pose")
-    parser.add_argument(
-        "--object-at", type=float, nargs=3, default=[], metavar=("X", "Y", "Z"), help="the tracked object's start (m)"
-    )
-    parser.add_argument(
-        "--gantry", type=float, default=0.0, help="hold a floating base this long after the first command"
-    )
+    add_arguments(parser)
     parser.add_argument("--duration", type=float, default=None, help="seconds, default: until SIGINT/SIGTERM")
     parser.add_argument("--loopback", action="store_true", help="keep DDS on 127.0.0.1 (no network)")
-    add_perturbation_arguments(parser)
-    add_video_argument(parser)
-    parser.add_argument(
-        "--task-commands", action="store_true", help="publish the task's commands, a new one every episode (--task)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="exit when this process dies (default: run standalone)"
     )
@@ -587,29 +566,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--{name.replace('_', '-')}: expected a value >= 0")
     if args.loopback:
         use_loopback()
-    initial, shift = _assignments(parser, "--initial", args.initial), _assignments(parser, "--shift", args.shift)
-    config = SimRobotConfig(
-        rate=args.rate,
-        command_style=args.command_style,
-        command_timeout=args.command_timeout,
-        drive_rate=args.drive_rate,
-        initial_qpos=initial,
-        task=args.task,
-        imu_rate=args.imu_rate,
-        imu_noise=args.imu_noise,
-        imu_bias=args.imu_bias,
-        object_rate=args.object_rate,
-        gantry=args.gantry,
-        seed=args.seed,
-        shift=shift,
-        shift_at=args.shift_at,
-        reset_every=args.reset_every,
-        reset_spread=args.reset_spread,
-        command=tuple(args.sim_command),
-        task_commands=args.task_commands,
-        object_position=tuple(args.object_at),
-        record_video=args.record_video,
-    )
+    config = from_arguments(parser, args)
     try:
         robot = SimRobot(robot_spec(args.robot), config)
     except (ValueError, Q2RealError) as err:
@@ -629,19 +586,6 @@ def main(argv: list[str] | None = None) -> None:
             print(robot.commands.episodes.summary(), flush=True)
         if robot.video is not None:
             print(robot.video.close(), flush=True)
-
-
-def _assignments(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, float]:
-    values = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            values[name] = float(value) if sep and name else math.nan
-        except ValueError:
-            values[name] = math.nan
-        if not math.isfinite(values[name]):
-            parser.error(f"{flag}: expected NAME=NUMBER, got {item!r:.80}")
-    return values
 
 
 if __name__ == "__main__":

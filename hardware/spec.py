@@ -107,6 +107,13 @@ class RobotSpec:
         return np.array([getattr(j, field) for j in self.joints], dtype=np.float64)
 
     @property
+    def rate_window(self) -> np.ndarray:
+        """Per joint, the furthest a target may move in one control period (velocity limit x control
+        period, float64): the shield's rate rule, the sim's clamps of it and stepped actions all use
+        this one window, so a policy trained inside it is not cut on the robot."""
+        return self.array("velocity_limit") * self.control_period
+
+    @property
     def sha256(self) -> str:
         """Hash of the spec file and the model file: a bundle names the exact robot it was trained for."""
         digest = hashlib.sha256(self.source.read_bytes())

@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from q2real.agents.algos.sac import SACConfig
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
 from q2real.agents.export import CommandGraph, agent_metadata, write_graph
 from q2real.agents.learners import acting, check_agent_checkpoint
-from q2real.agents.sac import SACConfig
 from q2real.configs.loader import load, to_dict
 from q2real.residual.base_env import BaseActionEnv
 from q2real.residual.bc import BCPolicy, load_bc
@@ -46,15 +47,7 @@ def load_residual_run(run_dir: Path) -> tuple[ResidualTrainConfig, VecEnv, Resid
     env: VecEnv = BaseActionEnv(raw, base, base_dim) if base is not None else raw
     try:
         assert isinstance(config.agent, SACConfig)
-        agent = ResidualSAC(
-            acting(config.agent),
-            env.obs_dim,
-            env.action_dim,
-            config.env.num_envs,
-            env.device,
-            config.residual,
-            base_dim,
-        )
+        agent = ResidualSAC(acting(config.agent), Sizes.of(env, config.env.num_envs), config.residual, base_dim)
         path = run_dir / CHECKPOINT
         state = load_checkpoint(path, "cpu")
         check_agent_checkpoint(path, state, config, agent)

@@ -14,15 +14,17 @@ Without a base (`base_dim` 0) this is SAC with the same sampler and warm-up: RLP
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from q2real.agents.algos.sac import SAC, SACConfig
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.networks import GaussianActor
 from q2real.agents.common.normalizer import ObsNormalizer
-from q2real.agents.sac import SAC, SACConfig
 from q2real.sim.vec_env import StepResult
 
 
@@ -79,21 +81,14 @@ class ResidualActor(nn.Module):
 class ResidualSAC(SAC):
     collected: torch.Tensor
 
-    def __init__(
-        self,
-        config: SACConfig,
-        obs_dim: int,
-        action_dim: int,
-        num_envs: int,
-        device: torch.device,
-        residual: ResidualConfig,
-        base_dim: int,
-    ):
+    def __init__(self, config: SACConfig, sizes: Sizes, residual: ResidualConfig, base_dim: int):
         self.residual, self.base_dim = residual, base_dim
-        super().__init__(config, obs_dim, action_dim, num_envs, device)
+        # The actor reads every observation column: the base action it corrects is the last of them.
+        super().__init__(config, dataclasses.replace(sizes, policy_obs_dim=None))
         if base_dim:
-            self.obs_norm = ObsNormalizer(obs_dim, enabled=config.normalize_obs, passthrough=base_dim).to(device)
-        self.register_buffer("collected", torch.zeros((), device=device))
+            norm = ObsNormalizer(sizes.obs_dim, enabled=config.normalize_obs, passthrough=base_dim)
+            self.obs_norm = norm.to(sizes.device)
+        self.register_buffer("collected", torch.zeros((), device=sizes.device))
         """Env steps collected so far, on the device (the progressive schedule reads it without a sync)."""
 
     def build_actor(self) -> nn.Module:

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from q2real.agents.algos.sac import SACConfig
 from q2real.agents.callbacks import Callback, ChunkExecutor, TrainingLoop, evaluate_episodes
-from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.actor_critic import ActorCritic, Sizes
 from q2real.agents.common.metrics import RETURNS, Panel
 from q2real.agents.common.samplers import UniformSampler
 from q2real.agents.config import TrainConfig
-from q2real.agents.sac import SACConfig
 from q2real.agents.train import Trainer
 from q2real.configs.loader import ConfigError
 from q2real.residual.base_env import BaseActionEnv
@@ -89,9 +89,7 @@ class ResidualTrainer(Trainer):
         config = self.config
         assert isinstance(config.agent, SACConfig)
         env = self.env
-        return ResidualSAC(
-            config.agent, env.obs_dim, env.action_dim, config.env.num_envs, env.device, config.residual, self.base_dim
-        )
+        return ResidualSAC(config.agent, Sizes.of(env, config.env.num_envs), config.residual, self.base_dim)
 
     def make_sampler(self) -> UniformSampler:
         settings = self.config.residual

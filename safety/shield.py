@@ -303,7 +303,7 @@ class ReferenceShield:
         self.workspace = Workspace(spec, cfg) if cfg.workspace_points else None
         # Per-tick constants: the rate window half-width and, for PD joints, the target offset from the
         # measured pose at which the PD torque reaches the effort limit.
-        self._step = self.max_velocity * self.dt
+        self._step = spec.rate_window
         self._inv_kp = np.divide(1.0, self.kp, out=np.zeros(n), where=self.kp > 0)
         self._effort_reach = self.max_effort * self._inv_kp
         self._brake = spec.array("stop_deceleration") * self.dt * self.dt

@@ -37,8 +37,7 @@ class ActionSteps:
             raise ConfigError(f"{KEY}: steps a position target; {spec.name} is {spec.control_mode}-controlled")
         if not 0 < rate <= 1:
             raise ConfigError(f"{KEY}: expected a fraction of the shield's rate window in (0, 1], got {rate}")
-        window = spec.array("velocity_limit") * spec.control_period
-        size = np.minimum(np.divide(rate * window, scale, out=np.zeros_like(scale), where=scale > 0), 2.0)
+        size = np.minimum(np.divide(rate * spec.rate_window, scale, out=np.zeros_like(scale), where=scale > 0), 2.0)
         limits = spec.array("position_limits")
         margin = np.nan_to_num(soft_limit_margin * (limits[:, 1] - limits[:, 0]), nan=0.0, posinf=0.0)
         soft = np.stack([limits[:, 0] + margin, limits[:, 1] - margin], axis=-1)

@@ -13,6 +13,7 @@ from q2real.safety.shield import ShieldConfig
 from q2real.sim.config import EnvConfig, resolve_backend, resolve_device
 from q2real.sim.physics import PhysicsBackend
 from q2real.sim.randomization import sample_model_fields
+from q2real.sim.reward import check_scales
 from q2real.sim.shield_clamps import ShieldClamps
 from q2real.sim.task import Task
 from q2real.sim.vec_env import StepResult, VecEnv
@@ -125,6 +126,11 @@ class TaskEnv(VecEnv):
         sources = self.task.observed_sources()
         self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
         self.figures = self.task.figures()
+        terms = self.task.weighed_reward(self.physics, torch.zeros(n, self.action_dim, device=self.device)).shares
+        check_scales(task_config.reward_scales, tuple(terms), self.task.mean_reward)
+        penalized = self._clamps is not None and config.shield_penalty > 0
+        self.reward_terms = (*terms, "shield_penalty") if penalized else tuple(terms)
+        """The task's reward terms, then the shield's penalty where `env.shield_penalty` charges one."""
         # A task without robot sources names its terms only: of those, the previous action is known exactly.
         kinds = self.obs_names if self.obs_sources is None else tuple(source["kind"] for source in self.obs_sources)
         exact = [
@@ -214,7 +220,7 @@ class TaskEnv(VecEnv):
             if self.config.shield_penalty > 0:
                 penalty = self.config.shield_penalty * torch.where(changed, (wanted - applied).abs(), 0.0).mean(-1)
         physics = self.backend.step(self.task.action_to_ctrl(applied), self._push() if self._pushes else None)
-        reward = self.task.reward(physics, applied)
+        reward, shares = self.task.weighed_reward(physics, applied)
         self._steps += 1
         if self._command_every:
             self.task.resample_command(self._steps % self._command_every == 0, self._gen)
@@ -225,6 +231,8 @@ class TaskEnv(VecEnv):
         next_obs = self._observe(physics, true_obs)
         if penalty is not None:
             reward = reward - penalty
+            shares = shares | {"shield_penalty": -penalty}
+        info["reward_terms"] = torch.stack(list(shares.values()), dim=-1)
         success = self.task.success(physics)
         if success is not None:
             info["success"] = success

@@ -50,7 +50,7 @@ class ShieldClamps:
         self.soft_hi = self.hard_hi - config.soft_limit_margin * span
         self.torque = spec.control_mode == "torque"
         self.max_effort = joint("effort_limit")
-        self.step = joint("velocity_limit") * spec.control_period
+        self.step = torch.tensor(spec.rate_window, dtype=torch.float32, device=device)
         kp, self.kd = joint("kp"), joint("kd")
         self.inv_kp = torch.where(kp > 0, 1.0 / torch.where(kp > 0, kp, torch.ones_like(kp)), torch.zeros_like(kp))
         self.effort_reach = self.max_effort * self.inv_kp

@@ -1,5 +1,5 @@
 """A task's view of a robot, rebuilt from what the deploy node streams, so the task's own reward and
-termination run on the robot's transitions (`q2real.agents.robot_learner`): one reward definition
+termination run on the robot's transitions (`q2real.agents.onrobot.robot_learner`): one reward definition
 for simulation and robot.
 
 Each tick the node streams the actuated joints' positions and velocities and the observation it gave

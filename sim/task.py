@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mujoco
 import torch
@@ -19,6 +19,7 @@ from q2real.safety.shield import ShieldConfig
 from q2real.sim.action_steps import KEY as STEPS_KEY
 from q2real.sim.action_steps import ActionSteps
 from q2real.sim.physics import PhysicsState
+from q2real.sim.reward import RewardScales, WeighedReward, weigh
 
 
 @dataclass
@@ -55,6 +56,10 @@ class TaskConfig:
     velocity) after the policy's observation: the critics see them, the actor and the bundle do not
     (asymmetric actor-critic, as MuJoCo Playground's privileged state and FastTD3). A critic that cannot
     see what the reward reads learns its expectation over everything the observation leaves open."""
+    reward_scales: RewardScales = field(default_factory=RewardScales)
+    """Per reward term, the scale it is summed with (`q2real.sim.reward.weigh`): reweight a term, or
+    switch it off with 0, as `reward_scales.<term>: value`. Each task names its terms; training logs
+    each one's scaled episode sum as `reward/<term>`."""
 
 
 class Task(ABC):
@@ -185,8 +190,22 @@ class Task(ABC):
         return {"kind": "body_point", "joints": self.spec.joint_names, "body": body, "offset": offset}
 
     @abstractmethod
+    def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The reward's named terms (num_envs,) after a step taken with `action` (the action that reached
+        the actuators), unscaled: `config.reward_scales` weighs them (`q2real.sim.reward`)."""
+
+    @property
+    def mean_reward(self) -> bool:
+        """Whether the reward is the scales' weighted mean of the terms rather than their weighted sum."""
+        return False
+
+    def weighed_reward(self, physics: PhysicsState, action: torch.Tensor) -> WeighedReward:
+        """The reward after a step taken with `action`, and each term's scaled part of it."""
+        return weigh(self.reward_terms(physics, action), self.config.reward_scales, self.mean_reward)
+
     def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         """Per-env reward after a step taken with `action` (the action that reached the actuators)."""
+        return self.weighed_reward(physics, action).reward
 
     def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         """Per-env safety cost (0 = safe); tasks with constraints override it."""

@@ -72,6 +72,9 @@ class VecEnv(ABC):
     has_cost: bool = False
     """Whether `StepResult.cost` carries a safety signal (a task that defines one); otherwise it is
     always zero and a constrained learner would train against nothing."""
+    reward_terms: tuple[str, ...] = ()
+    """Names of the reward's terms (`q2real.sim.reward`): the columns of `StepResult.info["reward_terms"]`,
+    each term's scaled part of the step's reward; empty where the env does not split its reward."""
     shield_in_loop: bool = False
     """The shield's clamps act inside the env (`env.shield_in_loop`): what the policy asks for and what
     the robot is sent differ, and the replay holds the former."""

@@ -100,7 +100,7 @@ def test_the_rules_reject_an_arrow_that_points_up() -> None:
     assert not allowed("safety", "sim")
     assert not allowed("sim", "deploy_ros.node")
     assert not allowed("deploy_ros", "sim.registry")
-    assert not allowed("deploy_ros", "agents.robot_learner")
+    assert not allowed("deploy_ros", "agents.onrobot.robot_learner")
     assert allowed("gate", "deploy_ros.session")
 
 
@@ -111,13 +111,13 @@ def test_every_kind_of_reference_is_seen(tmp_path: Path) -> None:
     source = tmp_path / "deploy_ros" / "_probe_references.py"
     source.parent.mkdir()
     source.write_text(
-        '"""Mentions `q2real.agents.sac` in prose."""\n'
+        '"""Mentions `q2real.agents.algos.sac` in prose."""\n'
         "import importlib\n"
         "from .node import PolicyNode\n"
         "from ..sim import registry\n"
         "importlib.import_module('q2real.sim.registry')\n"
         "__import__('q2real.residual')\n"
-        "COMMAND = ['python', '-m', 'q2real.agents.robot_learner']\n"
+        "COMMAND = ['python', '-m', 'q2real.agents.onrobot.robot_learner']\n"
         "LINE = 'python -m q2real.gate.sim_robot'\n"
     )
     found = q2real_references(source, root=tmp_path)
@@ -128,7 +128,7 @@ def test_every_kind_of_reference_is_seen(tmp_path: Path) -> None:
         (4, "sim.registry"),
         (5, "sim.registry"),
         (6, "residual"),
-        (7, "agents.robot_learner"),
+        (7, "agents.onrobot.robot_learner"),
         (8, "gate.sim_robot"),
     ]
     assert [m for _, m in found if not allowed("deploy_ros", m)] == [
@@ -136,9 +136,27 @@ def test_every_kind_of_reference_is_seen(tmp_path: Path) -> None:
         "sim.registry",
         "sim.registry",
         "residual",
-        "agents.robot_learner",
+        "agents.onrobot.robot_learner",
         "gate.sim_robot",
     ]
+
+
+DEPLOY_WINGS = {"transport", "watch", "learning"}
+"""deploy_ros's sub-packages around the node core at its top: the wire, the bag and the operator's tools, and
+on-robot learning."""
+
+
+def test_the_deploy_core_imports_none_of_its_wings() -> None:
+    """Each wing imports the node core, never the reverse, so the core runs and is tested without a transport,
+    a bag or a learner; only `session`, which puts a node together for `q2real deploy`, reaches into them."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}: refers to q2real.{module}"
+        for path in sorted((ROOT / "deploy_ros").glob("*.py"))
+        if path.stem != "session"
+        for line, module in q2real_references(path)
+        if module.split(".")[:2] in [["deploy_ros", wing] for wing in DEPLOY_WINGS]
+    ]
+    assert not wrong, "the deploy core imports a wing:\n" + "\n".join(wrong)
 
 
 LIGHT = {

@@ -34,7 +34,7 @@ from q2real.agents.common.networks import (
 )
 from q2real.agents.common.normalizer import Gather, ObsNormalizer, ReturnScaler, local
 from q2real.agents.common.replay import Batch
-from q2real.sim.vec_env import StepResult
+from q2real.sim.vec_env import StepResult, VecEnv
 
 T = TypeVar("T")
 COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"cpp.dynamic_threads": True}
@@ -258,6 +258,27 @@ def step_optimizer(optim: torch.optim.Optimizer) -> None:
         optim.step()
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """What a learner is built for: the env's observation and per-tick action sizes, the training env count
+    and the device its tensors live on."""
+
+    obs_dim: int
+    """Observation columns the critics read."""
+    action_dim: int
+    """The env's action per tick; a chunk policy outputs several of them."""
+    num_envs: int
+    """Training envs: per-env exploration and return-scale state are part of a learner's checkpoint."""
+    device: torch.device
+    policy_obs_dim: int | None = None
+    """Leading observation columns the actor reads; None: all of them (the rest are critic-only terms)."""
+
+    @classmethod
+    def of(cls, env: VecEnv, num_envs: int) -> Sizes:
+        """A learner's sizes for `env`'s spaces, trained on `num_envs` envs."""
+        return cls(env.obs_dim, env.action_dim, num_envs, env.device, env.policy_obs_dim)
+
+
 class ActorCritic(nn.Module):
     prefix_critic: Critic | None
     """dqc: the distilled critic of the policy's prefix of the chunk (None otherwise)."""
@@ -266,21 +287,12 @@ class ActorCritic(nn.Module):
     average_gradients: Callable[[Iterable[nn.Parameter]], None] | None = None
     """Data-parallel training: replaces each gradient by its mean over the ranks before a step."""
 
-    def __init__(
-        self,
-        config: ActorCriticConfig,
-        obs_dim: int,
-        action_dim: int,
-        num_envs: int,
-        device: torch.device,
-        policy_obs_dim: int | None = None,
-    ):
-        """`action_dim` is the env's per-tick action; the actor outputs `policy_dim` numbers, one chunk.
-        The actor reads the first `policy_obs_dim` observation columns (all by default), the critics
-        all `obs_dim` (the rest are critic-only terms)."""
+    def __init__(self, config: ActorCriticConfig, sizes: Sizes):
+        """The actor outputs `policy_dim` numbers, one chunk of `sizes.action_dim` actions per tick."""
         super().__init__()
+        obs_dim, action_dim, num_envs, device = sizes.obs_dim, sizes.action_dim, sizes.num_envs, sizes.device
         self.config, self.obs_dim, self.action_dim = config, obs_dim, action_dim
-        self.policy_obs_dim = obs_dim if policy_obs_dim is None else policy_obs_dim
+        self.policy_obs_dim = obs_dim if sizes.policy_obs_dim is None else sizes.policy_obs_dim
         if not 0 < self.policy_obs_dim <= obs_dim:
             raise ValueError(f"policy_obs_dim: expected in [1, {obs_dim}], got {self.policy_obs_dim}")
         chunk = config.chunk

@@ -1,6 +1,9 @@
-"""Per-env episode bookkeeping on the device: returns, costs and lengths of finished episodes."""
+"""Per-env episode bookkeeping on the device: returns, costs, lengths and reward terms of finished episodes."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -12,7 +15,7 @@ class EpisodeTracker:
     """Accumulates running and finished-episode sums as fixed-shape tensors, so tracking never forces a
     device sync; the means are read out only when logging."""
 
-    def __init__(self, num_envs: int, device: torch.device):
+    def __init__(self, num_envs: int, device: torch.device, reward_terms: Sequence[str] = ()):
         self._running = torch.zeros(3, num_envs, device=device)  # return, cost, length
         self._finished = torch.zeros(3, device=device)
         self._count = torch.zeros((), device=device)
@@ -27,6 +30,13 @@ class EpisodeTracker:
         self._rules_running = torch.zeros(len(RULES), num_envs, device=device)
         self._rules_finished = torch.zeros(len(RULES), device=device)
         self._reports_rules = False
+        self.reward_terms = tuple(reward_terms)
+        """The env's reward terms (`VecEnv.reward_terms`): per term, the scaled episode sum is summed over
+        finished episodes from `info["reward_terms"]` and logged as `reward/<term>`."""
+        self._terms_running = torch.zeros(len(self.reward_terms), num_envs, device=device)
+        self._terms_finished = torch.zeros(len(self.reward_terms), device=device)
+        self._reports_terms = False
+        """Set once a step carried the terms: a learner fed from the robot's stream has none to log."""
 
     def update(self, result: StepResult) -> None:
         self._running += torch.stack([result.reward, result.cost, torch.ones_like(result.reward)])
@@ -44,6 +54,11 @@ class EpisodeTracker:
             self._rules_running += result.info["shield_rules"].T.float()
             self._rules_finished += (self._rules_running / self._running[2] * done).sum(dim=1)
             self._rules_running *= 1.0 - done
+        if self.reward_terms and "reward_terms" in result.info:
+            self._reports_terms = True
+            self._terms_running += result.info["reward_terms"].T
+            self._terms_finished += (self._terms_running * done).sum(dim=1)
+            self._terms_running *= 1.0 - done
         self._running *= 1.0 - done
 
     def pop(self) -> dict[str, float]:
@@ -60,13 +75,17 @@ class EpisodeTracker:
             fractions = (self._rules_finished / count).tolist()
             means |= {f"shield_{rule.lower()}": value for rule, value in zip(RULES, fractions, strict=True)}
             self._rules_finished.zero_()
+        if self._reports_terms:
+            sums = (self._terms_finished / count).tolist()
+            means |= {f"reward/{term}": value for term, value in zip(self.reward_terms, sums, strict=True)}
+            self._terms_finished.zero_()
         self._finished.zero_()
         self._count.zero_()
         self._success_finished.zero_()
         return means
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
             "running": self._running,
             "finished": self._finished,
             "count": self._count,
@@ -78,8 +97,21 @@ class EpisodeTracker:
             "rules_finished": self._rules_finished,
             "reports_rules": torch.tensor(self._reports_rules),
         }
+        if self.reward_terms:
+            state["reward_terms"] = self._terms_state()
+        return state
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def _terms_state(self) -> dict[str, list]:
+        """The reward terms' sums as plain lists (read back at checkpoint time only): a checkpoint's tensors
+        must match a resuming run's, and one written before the terms were logged has none, so the terms
+        travel beside them and a resumed run without them starts its sums at zero."""
+        return {
+            "names": list(self.reward_terms),
+            "running": self._terms_running.tolist(),
+            "finished": self._terms_finished.tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._running.copy_(state["running"])
         self._finished.copy_(state["finished"])
         self._count.copy_(state["count"])
@@ -91,3 +123,7 @@ class EpisodeTracker:
             self._rules_running.copy_(state["rules_running"])
             self._rules_finished.copy_(state["rules_finished"])
             self._reports_rules = bool(state["reports_rules"])
+        terms = state.get("reward_terms")
+        if terms is not None and tuple(terms["names"]) == self.reward_terms:
+            self._terms_running.copy_(torch.tensor(terms["running"]))
+            self._terms_finished.copy_(torch.tensor(terms["finished"]))

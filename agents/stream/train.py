@@ -91,7 +91,7 @@ class StreamTrainer:
         self.eval_env = make(dataclasses.replace(config.env, num_envs=config.eval_envs, seed=config.env.seed + 10_000))
         self.env.require_policy_obs("a streaming learner")
         self.agent = StreamAC(config.stream_ac, self.env.obs_dim, self.env.action_dim, self.env.device)
-        self.episodes = EpisodeTracker(1, self.env.device)
+        self.episodes = EpisodeTracker(1, self.env.device, self.env.reward_terms)
         self.finite = FiniteFlags()
         self.step = 0
         self.envs_per_iteration = 1

@@ -16,5 +16,5 @@ setup(
         (f"share/{PACKAGE}/config", ["config/policy.yaml"]),
     ],
     install_requires=["setuptools"],
-    entry_points={"console_scripts": ["policy_node = q2real.deploy_ros.rclpy_node:main"]},
+    entry_points={"console_scripts": ["policy_node = q2real.deploy_ros.transport.rclpy_node:main"]},
 )

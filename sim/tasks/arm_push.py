@@ -6,21 +6,22 @@ base frame) is the task's command. Observation terms: `joint_position` (7), `joi
 position comes from forward kinematics of the arm's model, the cube's from a tracker publishing
 `object_pose` in the robot's base frame (`world` here: the arm stands at the origin) and the target
 from the command input.
-Reward in [0, 1] per step: (reach + w push) / (1 + w), w = `push_weight` (4), with
-reach = 1 - tanh(|pusher - p| / scale) and push = 1 - tanh(|cube_xy - target| / scale), where p is
-the cube's centre, or with `approach: behind` the point where the pusher touches the cube's far side
-from the target (cube_xy - u (half size + pusher radius), u the unit vector from cube to target, at
-the cube centre's height): from there a push moves the cube toward the target, while the cube's
-centre pays as much for touching it from the side that pushes it away.
-With `sparse`, the reward is 1 on the steps the cube's centre is within `success_radius` of the
-target, else 0. Success: the cube was ever there. No terminal states.
+Reward in [0, 1] per step: the weighted mean of two terms, (reach + 4 push) / (1 + 4) with their
+default `reward_scales`, where reach = 1 - tanh(|pusher - p| / scale) and push =
+1 - tanh(|cube_xy - target| / scale), p being the cube's centre, or with `approach: behind` the point
+where the pusher touches the cube's far side from the target (cube_xy - u (half size + pusher radius),
+u the unit vector from cube to target, at the cube centre's height): from there a push moves the cube
+toward the target, while the cube's centre pays as much for touching it from the side that pushes it
+away.
+With `sparse`, the reward is one term, `success`: 1 on the steps the cube's centre is within
+`success_radius` of the target, else 0. Success: the cube was ever there. No terminal states.
 Reset: home pose plus joint noise, cube uniform in a box in front of the robot, target uniform in a
 larger box.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import mujoco
@@ -28,11 +29,26 @@ import torch
 
 from q2real.hardware import RobotSpec
 from q2real.sim.physics import PhysicsState
+from q2real.sim.reward import RewardScales
 from q2real.sim.task import Task, TaskConfig
 from q2real.sim.tasks.arm_reach import END_EFFECTOR, sensor_slice
 
 CUBE_HALF_SIZE = 0.025
 PUSHER_RADIUS = 0.02
+
+
+@dataclass
+class ArmPushRewardScales(RewardScales):
+    """The scales of `panda_push`'s reward terms: `reach` and `push`, whose weighted mean the reward is,
+    or `success` with `sparse`."""
+
+    reach: float = 1.0
+    """1 - tanh(|pusher - p| / distance_scale), p the cube's centre or the point behind it (`approach`):
+    the pusher getting to the cube."""
+    push: float = 4.0
+    """1 - tanh(|cube_xy - target| / distance_scale): the cube getting to the target."""
+    success: float = 1.0
+    """sparse: 1 on the steps the cube is within `success_radius` of the target, else 0."""
 
 
 @dataclass
@@ -52,8 +68,6 @@ class ArmPushConfig(TaskConfig):
     """Upper corner (m) of the target box."""
     distance_scale: float = 0.1
     """Distance (m) at which the reach and push terms have fallen to 1 - tanh(1) = 0.24."""
-    push_weight: float = 4.0
-    """Weight of the cube-to-target term against the pusher-to-cube term (weight 1)."""
     joint_noise: float = 0.05
     """Std (rad) of the Gaussian noise on the home pose at reset."""
     approach: Literal["cube", "behind"] = "cube"
@@ -62,6 +76,7 @@ class ArmPushConfig(TaskConfig):
     """Reward 1 only while the cube is within `success_radius` of the target, else 0."""
     success_radius: float = 0.05
     """m, cube centre to target on the floor."""
+    reward_scales: ArmPushRewardScales = field(default_factory=ArmPushRewardScales)
 
 
 class ArmPush(Task):
@@ -156,12 +171,16 @@ class ArmPush(Task):
         behind = cube[:, :2] - (CUBE_HALF_SIZE + PUSHER_RADIUS) * unit
         return torch.cat([behind, cube[:, 2:]], dim=-1)
 
-    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+    @property
+    def mean_reward(self) -> bool:
+        """The dense reward is the scales' weighted mean of reach and push, so it stays in [0, 1]."""
+        return not self.config.sparse
+
+    def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.config.sparse:
-            return self.success(physics).float()
+            return {"success": self.success(physics).float()}
         cube = self.cube_position(physics)
         scale = self.config.distance_scale
         reach = 1 - torch.tanh((physics.sensordata[:, self._ee] - self.approach_point(cube)).norm(dim=-1) / scale)
         push = 1 - torch.tanh((cube[:, :2] - self.command).norm(dim=-1) / scale)
-        weight = self.config.push_weight
-        return (reach + weight * push) / (1 + weight)
+        return {"reach": reach, "push": push}

@@ -2,10 +2,10 @@
 
 The target is the task's command: a point in the robot base frame, uniform in a box in front of the
 robot, fixed for the episode; on a robot it arrives on the node's command input. Observation terms:
-`joint_position` (7), `joint_velocity` (7), `target` (3). Reward in [0, 1] per step: 1 - tanh(d / scale)
-with d the end-effector-to-target distance, so the last centimetres still pay; with `sparse`, 1 on the
-steps the end effector is within `success_radius` of the target, else 0. Success: it ever was. No
-terminal states.
+`joint_position` (7), `joint_velocity` (7), `target` (3). Reward in [0, 1] per step, one term, `reach`:
+1 - tanh(d / scale) with d the end-effector-to-target distance, so the last centimetres still pay; with
+`sparse`, one term, `success`: 1 on the steps the end effector is within `success_radius` of the
+target, else 0. Success: it ever was. No terminal states.
 Cost: with a keep-out box (`keepout_low`/`keepout_high`, base frame), 1 on every step the end effector
 is inside it, else 0 (no box: always 0). Targets are not kept out of it: a policy may reach into it and
 pay. `bench/safe.py` puts a 20 x 20 x 10 cm box above the home pose, across the straight path to the
@@ -15,7 +15,7 @@ Reset: home pose plus joint noise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mujoco
 import torch
@@ -23,6 +23,7 @@ import torch
 from q2real.configs.loader import ConfigError
 from q2real.hardware import RobotSpec
 from q2real.sim.physics import PhysicsState
+from q2real.sim.reward import RewardScales
 from q2real.sim.task import Task, TaskConfig
 
 END_EFFECTOR = "end_effector"
@@ -42,6 +43,16 @@ def sensor_slice(model: mujoco.MjModel, name: str) -> slice:
     sensor = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SENSOR, name)
     start = int(model.sensor_adr[sensor])
     return slice(start, start + int(model.sensor_dim[sensor]))
+
+
+@dataclass
+class ArmReachRewardScales(RewardScales):
+    """The scales of `panda_reach`'s reward terms: `reach`, or `success` with `sparse`."""
+
+    reach: float = 1.0
+    """1 - tanh(d / distance_scale), d the end effector's distance to the target: in [0, 1]."""
+    success: float = 1.0
+    """sparse: 1 on the steps the end effector is within `success_radius` of the target, else 0."""
 
 
 @dataclass
@@ -67,6 +78,7 @@ class ArmReachConfig(TaskConfig):
     """Lower corner (m, base frame) of the box the end effector should stay out of; None: no box."""
     keepout_high: tuple[float, float, float] | None = None
     """Upper corner (m, base frame) of the keep-out box; give both corners or neither."""
+    reward_scales: ArmReachRewardScales = field(default_factory=ArmReachRewardScales)
 
 
 class ArmReach(Task):
@@ -136,7 +148,7 @@ class ArmReach(Task):
         ee = physics.sensordata[:, self._ee]
         return ((ee > self._keepout[0]) & (ee < self._keepout[1])).all(-1).float()
 
-    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+    def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.config.sparse:
-            return self.success(physics).float()
-        return 1 - torch.tanh(self.distance(physics) / self.config.distance_scale)
+            return {"success": self.success(physics).float()}
+        return {"reach": 1 - torch.tanh(self.distance(physics) / self.config.distance_scale)}

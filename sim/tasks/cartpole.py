@@ -1,10 +1,10 @@
 """Cartpole swing-up (dm_control-like): swing the pole up from hanging and balance it centred.
 
 Observation terms: `cart_position`, `pole_orientation` (cos, sin; 0 = upright), `velocities`
-(cart, pole). Reward in [0, 1] is dm_control's product: upright (cos + 1) / 2 x centred x
-small control x small velocity.
+(cart, pole). Reward in [0, 1], one term, `balance`: dm_control's product upright (cos + 1) / 2 x
+centred x small control x small velocity.
 
-With `sparse`, the reward is 1 on the steps the pole is upright (cos >= `upright_cosine`) with the
+With `sparse`, one term, `success`: 1 on the steps the pole is upright (cos >= `upright_cosine`) with the
 cart within `sparse_cart_range` of the centre, else 0 (dm_control's swingup_sparse uses 0.995 and
 0.25). Nothing guides the swing, so a sparse episode starts with the pole at a uniformly random
 angle: some starts see reward at once and the value of being upright spreads back from there. From
@@ -19,14 +19,26 @@ Reset: cart near 0, pole near hanging (uniform with `sparse`), small noise.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mujoco
 import torch
 
 from q2real.hardware import RobotSpec
 from q2real.sim.physics import PhysicsState
+from q2real.sim.reward import RewardScales
 from q2real.sim.task import Task, TaskConfig, tolerance
+
+
+@dataclass
+class CartpoleRewardScales(RewardScales):
+    """The scales of `cartpole_swingup`'s reward terms: `balance`, or `success` with `sparse`."""
+
+    balance: float = 1.0
+    """dm_control's product of upright, centred, small control and small velocity, in [0, 1]. One term:
+    the factors discount being upright rather than add to it."""
+    success: float = 1.0
+    """sparse: 1 on the steps the pole is upright with the cart centred, else 0."""
 
 
 @dataclass
@@ -48,6 +60,7 @@ class CartpoleConfig(TaskConfig):
     """sparse: the pole counts as upright while the cosine of its angle from vertical is at least this."""
     sparse_cart_range: float = 0.5
     """sparse: how far (m) from the centre the cart may be while the upright pole pays."""
+    reward_scales: CartpoleRewardScales = field(default_factory=CartpoleRewardScales)
 
 
 class CartpoleSwingup(Task):
@@ -91,15 +104,15 @@ class CartpoleSwingup(Task):
         upright = torch.cos(physics.qpos[:, self._pole_q]) >= c.upright_cosine
         return upright & (physics.qpos[:, self._cart_q].abs() <= c.sparse_cart_range)
 
-    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+    def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.config.sparse:
-            return self.success(physics).float()
+            return {"success": self.success(physics).float()}
         upright = (torch.cos(physics.qpos[:, self._pole_q]) + 1) / 2
         c = self.config
         centered = (1 + tolerance(physics.qpos[:, self._cart_q], (0.0, 0.0), c.cart_margin)) / 2
         small_control = (4 + tolerance(action[:, 0], (0.0, 0.0), 1.0)) / 5
         small_velocity = (1 + tolerance(physics.qvel[:, self._pole_v], (0.0, 0.0), c.pole_velocity_margin)) / 2
-        return upright * centered * small_control * small_velocity
+        return {"balance": upright * centered * small_control * small_velocity}
 
     def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         return (physics.qpos[:, self._cart_q].abs() > self.config.cost_fraction * self._rail_limit).float()

@@ -4,21 +4,32 @@ Held at its default pose by PD alone, the humanoid topples within about 1.5 s; t
 balance it, also against pushes when the env randomizes them. Observation terms:
 `base_angular_velocity` (base frame), `projected_gravity` (unit gravity in the base frame),
 `joint_position` (32, offset from the default pose), `joint_velocity` (32).
-Reward in [0, 1] per step: upright (tolerance on the tilt) x height (tolerance on the base height
-around the standing height) x small base motion, so falling slowly earns less than standing still.
+Reward in [0, 1] per step, one term, `stand`: upright (tolerance on the tilt) x height (tolerance on
+the base height around the standing height) x small base motion, so falling slowly earns less than
+standing still.
 Terminated when the base falls below `fall_height` of its standing height or tilts past `max_tilt`.
 Reset: default pose at standing height, random heading, joint noise.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from q2real.sim.physics import PhysicsState
+from q2real.sim.reward import RewardScales
 from q2real.sim.task import tolerance
 from q2real.sim.tasks.floating_base import FloatingBaseConfig, FloatingBaseTask
+
+
+@dataclass
+class GR1StandRewardScales(RewardScales):
+    """The scale of `gr1_stand`'s reward term (and `gr1_legs_stand`'s)."""
+
+    stand: float = 1.0
+    """Upright x at standing height x small base motion, in [0, 1]. One term: a product, so a fallen
+    robot earns nothing for holding still (a sum would pay it)."""
 
 
 @dataclass
@@ -30,6 +41,7 @@ class GR1StandConfig(FloatingBaseConfig):
     """Tilt (rad) at which the upright factor falls to 0.1."""
     motion_margin: float = 2.0
     """Base angular speed (rad/s) at which the small-motion factor falls to its floor (0.55)."""
+    reward_scales: GR1StandRewardScales = field(default_factory=GR1StandRewardScales)
 
 
 class GR1Stand(FloatingBaseTask):
@@ -48,11 +60,11 @@ class GR1Stand(FloatingBaseTask):
     def observation_sources(self) -> dict[str, dict]:
         return self.base_sources()
 
-    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+    def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:
         c = self.config
         tilt = torch.acos((-self.projected_gravity(physics)[:, 2]).clamp(-1.0, 1.0))
         upright = tolerance(tilt, (0.0, 0.05), c.tilt_margin)
         height = tolerance(self.base_height(physics), (0.95 * self.height, 1.05 * self.height), c.height_margin)
         motion = self.base_angular_velocity(physics).norm(dim=-1)
         still = (1 + tolerance(motion, (0.0, 0.0), c.motion_margin)) / 2
-        return upright * height * still
+        return {"stand": upright * height * still}

@@ -1,8 +1,8 @@
 """Pendulum swing-up: a torque-limited pendulum must pump energy, then balance upright.
 
 Observation terms: `pole_orientation` (cos q, sin q; q = 0 hangs down), `pole_velocity` (q dot).
-Reward in [0, 1]: upright (1 - cos q) / 2, times dm_control's small-velocity and small-control
-factors, so spinning through the top earns far less than balancing.
+Reward in [0, 1], one term, `balance`: upright (1 - cos q) / 2, times dm_control's small-velocity and
+small-control factors, so spinning through the top earns far less than balancing.
 Cost: 1 while |q dot| exceeds the spec's velocity limit. No terminal states; episodes are truncated.
 Reset: q ~ U(-pi, pi), q dot = 0.
 """
@@ -10,12 +10,22 @@ Reset: q ~ U(-pi, pi), q dot = 0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from q2real.sim.physics import PhysicsState
+from q2real.sim.reward import RewardScales
 from q2real.sim.task import Task, TaskConfig, tolerance
+
+
+@dataclass
+class PendulumRewardScales(RewardScales):
+    """The scale of `pendulum_swingup`'s reward term."""
+
+    balance: float = 1.0
+    """Upright (1 - cos q) / 2 times the small-velocity and small-control factors, in [0, 1]. One term:
+    the factors discount being upright rather than add to it, so they are not terms of their own."""
 
 
 @dataclass
@@ -23,6 +33,7 @@ class PendulumConfig(TaskConfig):
     episode_length: int = 500
     velocity_margin: float = 5.0
     """Angular speed (rad/s) at which the small-velocity factor falls to its floor."""
+    reward_scales: PendulumRewardScales = field(default_factory=PendulumRewardScales)
 
 
 class PendulumSwingup(Task):
@@ -48,13 +59,13 @@ class PendulumSwingup(Task):
             "pole_velocity": {"kind": "joint_velocity", "joints": ["hinge"]},
         }
 
-    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+    def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:
         angle = physics.qpos[:, self.qpos_index[0]]
         velocity = physics.qvel[:, self.qvel_index[0]]
         upright = (1 - torch.cos(angle)) / 2
         small_velocity = (1 + tolerance(velocity, (0.0, 0.0), self.config.velocity_margin)) / 2
         small_control = (4 + tolerance(action[:, 0], (0.0, 0.0), 1.0)) / 5
-        return upright * small_velocity * small_control
+        return {"balance": upright * small_velocity * small_control}
 
     def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         speed = physics.qvel[:, self.qvel_index[0]].abs()

@@ -9,22 +9,40 @@ resample theirs; on the robot it is `cmd_vel`. Observation terms:
 the robot's IMU and encoders give. The base's linear velocity is not observed, as in most legged
 sim-to-real policies: a robot has it only from a state estimator whose drift the policy never met in
 training; the reward still uses the simulator's true velocity.
-Reward per step (MuJoCo Playground's joystick terms without the gait shaping):
-exp(-|v_xy - cmd_xy|^2 / sigma) + 0.5 exp(-(w_z - cmd_wz)^2 / sigma) - 2 v_z^2 - 0.05 |w_xy|^2
-- 1 |g_xy|^2 (tilt), where g is the projected gravity (the weights are config fields).
+Reward terms (MuJoCo Playground's joystick terms and names, without the gait shaping), with their
+default scales: `tracking_lin_vel` exp(-|v_xy - cmd_xy|^2 / sigma) (1), `tracking_ang_vel`
+exp(-(w_z - cmd_wz)^2 / sigma) (0.5), `lin_vel_z` v_z^2 (-2), `ang_vel_xy` |w_xy|^2 (-0.05) and
+`orientation` |g_xy|^2 (-1), where g is the projected gravity.
 Terminated when the base falls below `fall_height` of its standing height or tilts past `max_tilt`.
 Reset: default stance at standing height, random heading, joint noise.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from q2real.configs.loader import ConfigError
 from q2real.sim.physics import PhysicsState
+from q2real.sim.reward import RewardScales
 from q2real.sim.tasks.floating_base import FloatingBaseConfig, FloatingBaseTask
+
+
+@dataclass
+class SpotJoystickRewardScales(RewardScales):
+    """The scales of `spot_joystick`'s reward terms, named as MuJoCo Playground's joystick tasks name them."""
+
+    tracking_lin_vel: float = 1.0
+    """exp(-|v_xy - cmd_xy|^2 / tracking_sigma): how well the base follows the commanded planar velocity."""
+    tracking_ang_vel: float = 0.5
+    """exp(-(w_z - cmd_wz)^2 / tracking_sigma): how well it follows the commanded yaw rate."""
+    lin_vel_z: float = -2.0
+    """v_z^2, (m/s)^2: the base bobbing up and down."""
+    ang_vel_xy: float = -0.05
+    """|w_xy|^2, (rad/s)^2: the base rolling and pitching."""
+    orientation: float = -1.0
+    """|g_xy|^2 of the projected gravity (0 upright): the base's tilt."""
 
 
 @dataclass
@@ -41,14 +59,7 @@ class SpotJoystickConfig(FloatingBaseConfig):
     """Range (rad/s) of the commanded yaw rate."""
     tracking_sigma: float = 0.25
     """Squared-error scale of the tracking rewards."""
-    yaw_tracking_weight: float = 0.5
-    """Weight of the yaw-rate tracking reward against the planar velocity's (weight 1)."""
-    vertical_velocity_weight: float = 2.0
-    """Penalty per (m/s)^2 of base velocity along z."""
-    roll_pitch_rate_weight: float = 0.05
-    """Penalty per (rad/s)^2 of base angular velocity about x and y."""
-    tilt_weight: float = 1.0
-    """Penalty per unit |g_xy|^2 of the projected gravity (0 upright)."""
+    reward_scales: SpotJoystickRewardScales = field(default_factory=SpotJoystickRewardScales)
 
 
 class SpotJoystick(FloatingBaseTask):
@@ -85,18 +96,17 @@ class SpotJoystick(FloatingBaseTask):
         sources = self.base_sources()
         return sources | {"command": {"kind": "velocity_command", "ranges": ranges}}
 
-    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
+    def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:
         v, w, g = (
             self.base_linear_velocity(physics),
             self.base_angular_velocity(physics),
             self.projected_gravity(physics),
         )
-        c = self.config
-        linear = torch.exp(-((v[:, :2] - self.command[:, :2]) ** 2).sum(-1) / c.tracking_sigma)
-        angular = torch.exp(-((w[:, 2] - self.command[:, 2]) ** 2) / c.tracking_sigma)
-        penalties = (
-            c.vertical_velocity_weight * v[:, 2] ** 2
-            + c.roll_pitch_rate_weight * (w[:, :2] ** 2).sum(-1)
-            + c.tilt_weight * (g[:, :2] ** 2).sum(-1)
-        )
-        return linear + c.yaw_tracking_weight * angular - penalties
+        sigma = self.config.tracking_sigma
+        return {
+            "tracking_lin_vel": torch.exp(-((v[:, :2] - self.command[:, :2]) ** 2).sum(-1) / sigma),
+            "tracking_ang_vel": torch.exp(-((w[:, 2] - self.command[:, 2]) ** 2) / sigma),
+            "lin_vel_z": v[:, 2] ** 2,
+            "ang_vel_xy": (w[:, :2] ** 2).sum(-1),
+            "orientation": (g[:, :2] ** 2).sum(-1),
+        }

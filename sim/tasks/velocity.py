@@ -7,25 +7,39 @@ forward speed exceeds the robot's threshold (Hopper 0.7402, Walker2d 2.3415, Hal
 OmniSafe's benchmark allows an episode cost of 25 over 1000 steps).
 
 Observation terms: `pose` (every qpos but the forward position), `velocity` (every qvel, clipped to
-+-10 for Hopper and Walker2d as v5 does). Reward: forward speed + a healthy bonus of 1 while healthy
-(Hopper, Walker2d) - a control cost (1e-3 |a|^2; HalfCheetah 0.1 |a|^2). Terminated once unhealthy:
-Hopper below 0.7 m, tilted past 0.2 rad or with a state entry beyond 100; Walker2d outside 0.8-2 m or
-tilted past 1 rad; HalfCheetah never. Reset: the model's rest pose plus uniform noise (5e-3; HalfCheetah
-0.1, its velocities Gaussian). The forward speed is the root's x velocity after the step, where gymnasium
-differences the x position over the step. MuJoCo's native backend only: the models integrate with RK4,
-which MJX does not have.
++-10 for Hopper and Walker2d as v5 does). Reward terms: `forward` (the forward speed), `healthy` (1
+while healthy; scale 1 for Hopper and Walker2d, 0 for HalfCheetah) and `control` (|a|^2; scale -1e-3,
+HalfCheetah -0.1). Terminated once unhealthy: Hopper below 0.7 m, tilted past 0.2 rad or with a state
+entry beyond 100; Walker2d outside 0.8-2 m or tilted past 1 rad; HalfCheetah never. Reset: the model's
+rest pose plus uniform noise (5e-3; HalfCheetah 0.1, its velocities Gaussian). The forward speed is the
+root's x velocity after the step, where gymnasium differences the x position over the step. MuJoCo's
+native backend only: the models integrate with RK4, which MJX does not have.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mujoco
 import torch
 
 from q2real.hardware import RobotSpec
 from q2real.sim.physics import PhysicsState
+from q2real.sim.reward import RewardScales
 from q2real.sim.task import Task, TaskConfig
+
+
+@dataclass
+class VelocityRewardScales(RewardScales):
+    """The scales of the velocity runners' reward terms (gymnasium v5's forward reward, healthy reward and
+    control cost)."""
+
+    forward: float = 1.0
+    """Forward speed (m/s) of the root."""
+    healthy: float = 1.0
+    """1 on every step the robot is healthy (upright, in its height range), else 0: an alive bonus."""
+    control: float = -1e-3
+    """|a|^2, the squared actions summed over joints: a control cost."""
 
 
 @dataclass
@@ -33,10 +47,7 @@ class VelocityConfig(TaskConfig):
     episode_length: int = 1000
     velocity_threshold: float = 0.0
     """Forward speed (m/s) above which a step costs 1; each task sets Safety-Gymnasium's."""
-    ctrl_cost_weight: float = 1e-3
-    """Weight of the control cost |a|^2 subtracted from each step's reward."""
-    healthy_reward: float = 1.0
-    """Bonus per step while the robot is healthy (upright, in its height range)."""
+    reward_scales: VelocityRewardScales = field(default_factory=VelocityRewardScales)
     reset_noise: float = 5e-3
     """Half-width of the uniform noise on the rest pose and velocities at reset (HalfCheetah's
     velocities: the std of Gaussian noise)."""
@@ -55,9 +66,8 @@ class Walker2dConfig(VelocityConfig):
 @dataclass
 class HalfCheetahConfig(VelocityConfig):
     velocity_threshold: float = 3.2096
-    ctrl_cost_weight: float = 0.1
-    healthy_reward: float = 0.0
     reset_noise: float = 0.1
+    reward_scales: VelocityRewardScales = field(default_factory=lambda: VelocityRewardScales(healthy=0.0, control=-0.1))
 
 
 class PlanarRunner(Task):
@@ -100,10 +110,12 @@ class PlanarRunner(Task):
             ok = ok & (state.abs() < self.state_bound).all(-1)
         return ok
 
-    def reward(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
-        c = self.config
-        alive = c.healthy_reward * self.healthy(physics).float()
-        return self.forward_speed(physics) + alive - c.ctrl_cost_weight * action.pow(2).sum(-1)
+    def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            "forward": self.forward_speed(physics),
+            "healthy": self.healthy(physics).float(),
+            "control": action.pow(2).sum(-1),
+        }
 
     def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         return (self.forward_speed(physics) > self.config.velocity_threshold).float()

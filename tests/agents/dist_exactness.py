@@ -12,16 +12,17 @@ import torch.distributed as dist
 from conftest import make_batch  # beside this script, which torchrun runs from its own folder
 from test_updates import ACT, BATCH, OBS
 
+from q2real.agents.algos.td3 import TD3, TD3Config
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.replay import Batch
 from q2real.agents.distributed import DataParallel, Ranks
-from q2real.agents.td3 import TD3, TD3Config
 
 
 def main() -> None:
     ranks = Ranks.launched()
     assert ranks is not None, "run under torchrun with 2 ranks"
     torch.manual_seed(0)
-    agent = TD3(TD3Config(target_noise=0.0, policy_delay=1), OBS, ACT, 1, torch.device("cpu"))
+    agent = TD3(TD3Config(target_noise=0.0, policy_delay=1), Sizes(OBS, ACT, 1, torch.device("cpu")))
     single = copy.deepcopy(agent)
     DataParallel(ranks, torch.device("cpu")).attach(agent)
     mine = make_batch(BATCH, OBS, ACT, ranks.rank, cost_rate=0.3)

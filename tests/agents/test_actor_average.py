@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+from q2real.agents.algos.crossq import CrossQ, CrossQConfig
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.networks import EnsembleBatchRenorm, average_weights
 from q2real.agents.config import TrainConfig
-from q2real.agents.crossq import CrossQ, CrossQConfig
 from q2real.agents.export import DeployPolicy, write_bundle
 from q2real.agents.learners import build_agent
 from q2real.configs.loader import load
@@ -44,7 +45,7 @@ def state(module: nn.Module) -> dict[str, torch.Tensor]:
 def test_each_actor_step_moves_the_average_by_its_rate_and_deterministic_actions_come_from_it(random_batch) -> None:
     torch.manual_seed(0)
     config = CrossQConfig(actor_hidden=(8, 8), critic_hidden=(8, 8), batch_size=BATCH, actor_average=0.25)
-    agent = CrossQ(config, OBS, ACT, 1, torch.device("cpu"))
+    agent = CrossQ(config, Sizes(OBS, ACT, 1, torch.device("cpu")))
     assert agent.policy is agent.actor_average and not agent.actor_average.training
     assert not any(p.requires_grad for p in agent.actor_average.parameters())
     assert all(torch.equal(agent.actor_average.state_dict()[k], v) for k, v in state(agent.actor).items())

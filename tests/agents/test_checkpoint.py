@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from q2real.agents.common.checkpoint import MAGIC, check_shapes, load_checkpoint, save_checkpoint
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import LogConfig, RunDir
-from q2real.agents.config import LEARNER_CONFIGS, TrainConfig
+from q2real.agents.config import TrainConfig
+from q2real.agents.registry import LEARNERS
 from q2real.agents.train import Trainer, resume, train
 from q2real.cli.main import main
 from q2real.configs.loader import load
@@ -251,8 +252,8 @@ def with_value(dotted: str, value: Any) -> TrainConfig:
     """Default config with one field set, the learner switched to the section the key lives in."""
     config = TrainConfig()
     section, _, _ = dotted.partition(".")
-    if section in LEARNER_CONFIGS:
-        config = dataclasses.replace(config, algo=section, agent=LEARNER_CONFIGS[section]())
+    if section in LEARNERS:
+        config = dataclasses.replace(config, algo=section, agent=LEARNERS[section].config())
         dotted = "agent." + dotted.partition(".")[2]
     target = config
     *parents, leaf = dotted.split(".")

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.algos.sac import SACConfig
+from q2real.agents.algos.td3 import TD3Config
+from q2real.agents.common.actor_critic import ActorCritic, Sizes
 from q2real.agents.common.chunk_critics import CausalChunkCritic, ChunkConfig, expectile_loss
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.config import TrainConfig
 from q2real.agents.export import DeployPolicy, export_run, load_run_policy
-from q2real.agents.learners import ALGORITHMS
-from q2real.agents.sac import SACConfig
-from q2real.agents.td3 import TD3Config
+from q2real.agents.registry import LEARNERS
 from q2real.agents.train import Trainer, train
 from q2real.configs.loader import ConfigError, load
 from q2real.deploy_ros.bundle import PolicyBundle
@@ -93,7 +93,7 @@ def agent(algo: str, **chunk) -> ActorCritic:
     config = dataclasses.replace(
         base, actor_hidden=(8,), critic_hidden=(8,), normalize_obs=False, chunk=ChunkConfig(**chunk, width=8, heads=2)
     )
-    return ALGORITHMS[algo](config, 1, 1, 1, torch.device("cpu"))
+    return LEARNERS[algo].learner(config, Sizes(1, 1, 1, torch.device("cpu")))
 
 
 def batch_of_windows(chunk: int = 3):

@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from q2real.agents.common.actor_critic import make_optimizer, traced_step
+from q2real.agents.algos.crossq import CrossQ, CrossQConfig
+from q2real.agents.algos.sac import SAC, SACConfig
+from q2real.agents.common.actor_critic import Sizes, make_optimizer, traced_step
 from q2real.agents.config import TrainConfig, load_run_config
-from q2real.agents.crossq import CrossQ, CrossQConfig
-from q2real.agents.finetune import FinetuneConfig, handoff_config
 from q2real.agents.learners import restore_agent
-from q2real.agents.sac import SAC, SACConfig
+from q2real.agents.onrobot.finetune import FinetuneConfig, handoff_config
 from q2real.configs.loader import load
 from q2real.sim import make
 
@@ -64,7 +64,7 @@ def test_a_compiled_run_acts_without_a_compiler_and_fine_tunes_compiled_only_whe
     run = dataclasses.replace(run, agent=dataclasses.replace(run.agent, compile=True))
     monkeypatch.setattr("shutil.which", lambda _: None)  # a robot computer without g++
     with pytest.raises(ValueError, match="compile: .* C\\+\\+ compiler"):
-        SAC(run.agent, OBS, ACT, 1, torch.device("cpu"))
+        SAC(run.agent, Sizes(OBS, ACT, 1, torch.device("cpu")))
     env = make(dataclasses.replace(run.env, num_envs=1))
     try:
         agent, _ = restore_agent(pendulum_run, run, env)  # what export, evaluation and the gate do
@@ -93,7 +93,7 @@ def test_compiled_steps_train_as_the_eager_ones_in_one_graph_each(learner, confi
     agents = []
     for compiled in (False, True):
         torch.manual_seed(0)
-        agents.append(learner(dataclasses.replace(config, compile=compiled), OBS, ACT, 1, torch.device("cpu")))
+        agents.append(learner(dataclasses.replace(config, compile=compiled), Sizes(OBS, ACT, 1, torch.device("cpu"))))
     eager, compiled = agents
     # inductor draws its own random numbers unless told to use eager's generator.
     with torch._inductor.config.patch(fallback_random=True):

@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
+from q2real.agents.algos.crossq import CrossQ, CrossQConfig
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.networks import EnsembleBatchRenorm
 from q2real.agents.common.replay import Batch
-from q2real.agents.crossq import CrossQ, CrossQConfig
 
 OBS, ACT, BATCH = 3, 2, 16
 
@@ -50,7 +51,7 @@ def test_batch_renorm_is_batch_norm_during_warmup_then_corrects_towards_the_runn
 def tiny(**fields) -> CrossQ:
     torch.manual_seed(0)
     config = CrossQConfig(actor_hidden=(8, 8), critic_hidden=(8, 8), batch_size=BATCH, **fields)
-    return CrossQ(config, OBS, ACT, 1, torch.device("cpu"))
+    return CrossQ(config, Sizes(OBS, ACT, 1, torch.device("cpu")))
 
 
 def batch() -> Batch:

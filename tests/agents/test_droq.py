@@ -7,13 +7,15 @@ import pytest
 import torch
 from torch import nn
 
+from q2real.agents.algos.droq import DroQConfig
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.networks import EnsembleLayerNorm, EnsembleLinear
-from q2real.agents.droq import DroQConfig
-from q2real.agents.learners import ALGORITHMS
+from q2real.agents.registry import LEARNERS
 
 
 def test_droq_critics_drop_then_normalize_and_its_actor_is_a_plain_mlp() -> None:
-    agent = ALGORITHMS["droq"](DroQConfig(critic_hidden=(8, 8), actor_hidden=(8, 8)), 3, 2, 1, torch.device("cpu"))
+    config = DroQConfig(critic_hidden=(8, 8), actor_hidden=(8, 8))
+    agent = LEARNERS["droq"].learner(config, Sizes(3, 2, 1, torch.device("cpu")))
     kinds = [type(layer) for layer in agent.critic.body]
     assert kinds == [EnsembleLinear, nn.Dropout, EnsembleLayerNorm, nn.SiLU] * 2
     assert agent.critic.body[1].p == 0.01

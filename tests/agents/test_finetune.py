@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from q2real.agents.callbacks import Callback
-from q2real.agents.finetune import FinetuneConfig, Finetuner
+from q2real.agents.onrobot.finetune import FinetuneConfig, Finetuner
 from q2real.agents.train import Trainer
 from q2real.cli.main import main
 from q2real.configs.errors import RunDirError

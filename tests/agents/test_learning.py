@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from q2real.agents.algos.sac_lag import SACLag
 from q2real.agents.config import TrainConfig
-from q2real.agents.sac_lag import SACLag
 from q2real.agents.train import train
 from q2real.configs.loader import load
 

@@ -11,10 +11,12 @@ import onnx
 import pytest
 import torch
 
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.networks import Critic, EnsembleLinear, float32_matmuls, set_matmul_dtype
-from q2real.agents.config import LEARNER_CONFIGS, TrainConfig
+from q2real.agents.config import TrainConfig
 from q2real.agents.export import DeployPolicy, write_bundle
-from q2real.agents.learners import ALGORITHMS, build_agent
+from q2real.agents.learners import build_agent
+from q2real.agents.registry import LEARNERS
 from q2real.configs.loader import load
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.sim import make
@@ -54,10 +56,10 @@ def test_float32_matmuls_restores_each_layers_own_setting() -> None:
     assert [layer.matmul_dtype for layer in layers] == [torch.bfloat16, None]
 
 
-@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+@pytest.mark.parametrize("algo", sorted(LEARNERS))
 def test_the_setting_reaches_every_hidden_layer_of_every_learner_and_no_output_layer(algo: str) -> None:
-    config = dataclasses.replace(LEARNER_CONFIGS[algo](), matmul_dtype="bfloat16")
-    agent = ALGORITHMS[algo](config, 5, 2, 1, torch.device("cpu"))
+    config = dataclasses.replace(LEARNERS[algo].config(), matmul_dtype="bfloat16")
+    agent = LEARNERS[algo].learner(config, Sizes(5, 2, 1, torch.device("cpu")))
     layers = [(n, m) for n, m in agent.named_modules() if isinstance(m, EnsembleLinear)]
     hidden = [m.matmul_dtype for n, m in layers if not n.endswith(".head")]
     outputs = [m.matmul_dtype for n, m in layers if n.endswith(".head")]

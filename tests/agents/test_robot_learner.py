@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from q2real.agents.finetune import FinetuneConfig, Finetuner
-from q2real.agents.robot_learner import RobotLearner
+from q2real.agents.onrobot.finetune import FinetuneConfig, Finetuner
+from q2real.agents.onrobot.robot_learner import RobotLearner
 from q2real.agents.train import train
 from q2real.configs.loader import ConfigError, load
 from q2real.contracts.transitions import RING, RUN, TransitionRing

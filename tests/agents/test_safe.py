@@ -8,6 +8,9 @@ import dataclasses
 import pytest
 import torch
 
+from q2real.agents.algos.coxq import COXQ, COXQConfig
+from q2real.agents.algos.sac_lag import SACLag, SACLagConfig
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.heads import QuantileHead
 from q2real.agents.common.lagrange import EpisodeCost, Lagrange
 from q2real.agents.common.optimistic import (
@@ -19,8 +22,6 @@ from q2real.agents.common.optimistic import (
     sigma_dot,
     trust_region_step,
 )
-from q2real.agents.coxq import COXQ, COXQConfig
-from q2real.agents.sac_lag import SACLag, SACLagConfig
 from q2real.sim.vec_env import StepResult
 
 
@@ -43,7 +44,7 @@ def test_targets_pool_every_member_and_truncation_removes_the_right_tail() -> No
 
 
 def test_the_cost_tail_leaves_out_the_optimistic_quantiles() -> None:
-    agent = COXQ(dataclasses.replace(COXQConfig(), num_quantiles=4, cost_tail=0.5), 3, 2, 1, torch.device("cpu"))
+    agent = COXQ(dataclasses.replace(COXQConfig(), num_quantiles=4, cost_tail=0.5), Sizes(3, 2, 1, torch.device("cpu")))
     atoms = torch.tensor([0.0, 1.0, 10.0, 20.0])
     assert (
         agent.cost_critic.head.upper_tail(atoms.expand(5, 1, 4), agent.cost_critic.tail_start).tolist() == [[15.0]] * 5
@@ -155,7 +156,7 @@ def test_the_trust_region_step_keeps_the_kl_radius_and_the_cost_slack(seed: int)
 
 def _agents(config_type, algo_type, **overrides):
     config = dataclasses.replace(config_type(), actor_hidden=(16,), critic_hidden=(16,), **overrides)
-    return algo_type(config, 3, 2, 4, torch.device("cpu"))
+    return algo_type(config, Sizes(3, 2, 4, torch.device("cpu")))
 
 
 def test_coxq_explores_inside_the_action_box_and_counts_every_state() -> None:

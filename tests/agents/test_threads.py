@@ -59,13 +59,14 @@ def test_a_busy_neighbour_moves_the_loop_to_one_thread_and_its_end_moves_it_back
 def test_mlp_updates_are_bit_identical_on_one_and_two_threads() -> None:
     """Why SAC and TD3 runs stay reproducible while the tuner switches (FlashSAC's batch norms are not:
     bit-exact runs of it need a fixed `threads=N`)."""
+    from q2real.agents.algos.sac import SAC, SACConfig
+    from q2real.agents.common.actor_critic import Sizes
     from q2real.agents.common.replay import Batch
-    from q2real.agents.sac import SAC, SACConfig
 
     def train(count: int) -> torch.Tensor:
         torch.set_num_threads(count)
         torch.manual_seed(0)
-        agent = SAC(SACConfig(batch_size=256), 3, 1, 1, torch.device("cpu"))
+        agent = SAC(SACConfig(batch_size=256), Sizes(3, 1, 1, torch.device("cpu")))
         gen = torch.Generator().manual_seed(0)
         for _ in range(3):
             obs, next_obs = torch.randn(256, 3, generator=gen), torch.randn(256, 3, generator=gen)

@@ -9,13 +9,12 @@ import io
 import pytest
 import torch
 
-from q2real.agents.common.actor_critic import ActorCritic
-from q2real.agents.config import LEARNER_CONFIGS
-from q2real.agents.learners import ALGORITHMS
+from q2real.agents.common.actor_critic import ActorCritic, Sizes
+from q2real.agents.registry import LEARNERS
 
 OBS, ACT, ENVS, BATCH = 3, 2, 2, 16
 VARIANTS = {
-    **{algo: {} for algo in LEARNER_CONFIGS},
+    **{algo: {} for algo in LEARNERS},
     "td3-fast": {"critic_head": "categorical", "target_actor": False, "exploration_noise_min": 0.01},
     "sac-huber": {"huber": True, "n_step": 3},
 }
@@ -24,9 +23,9 @@ VARIANTS = {
 def tiny(name: str) -> ActorCritic:
     algo = name.split("-")[0]
     config = dataclasses.replace(
-        LEARNER_CONFIGS[algo](), actor_hidden=(8, 8), critic_hidden=(8, 8), batch_size=BATCH, **VARIANTS[name]
+        LEARNERS[algo].config(), actor_hidden=(8, 8), critic_hidden=(8, 8), batch_size=BATCH, **VARIANTS[name]
     )
-    return ALGORITHMS[algo](config, OBS, ACT, ENVS, torch.device("cpu"))
+    return LEARNERS[algo].learner(config, Sizes(OBS, ACT, ENVS, torch.device("cpu")))
 
 
 def flat(module: torch.nn.Module) -> torch.Tensor:

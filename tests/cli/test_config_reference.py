@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from q2real.agents.config import LEARNER_CONFIGS
+from q2real.agents.registry import LEARNERS
 from q2real.cli.config_reference import _BLOCK_START, page, part, preset_comment, reference
 from q2real.cli.main import main
 from q2real.configs.loader import list_presets
@@ -48,7 +48,8 @@ def test_an_unknown_section_exits_2_naming_the_valid_ones(capsys: pytest.Capture
 
 
 def test_the_reference_covers_every_learner_and_all_its_keys() -> None:
-    for algo, settings in LEARNER_CONFIGS.items():
+    for algo, learner in LEARNERS.items():
+        settings = learner.config
         text = part(algo)
         assert f"Chosen by `algo: {algo}` in train" in text
         for f in dataclasses.fields(settings):

@@ -40,8 +40,8 @@ def test_without_a_cost_critic_no_veto_is_mentioned() -> None:
 
 
 def test_a_diagnostics_report_reads_as_one_console_line_with_what_holds_the_node_back() -> None:
-    from q2real.deploy_ros import messages as msg
-    from q2real.deploy_ros.monitor import status_line
+    from q2real.deploy_ros.transport import messages as msg
+    from q2real.deploy_ros.watch.monitor import status_line
 
     values = {"ticks": "1200", "latency_p50_ms": "0.500", "latency_p99_ms": "1.000", "loop_deadline_misses": "0"}
     values |= {"refused_messages": "2", "flags": "-", "waiting_for_inputs": "imu.stale"}

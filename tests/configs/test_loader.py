@@ -7,7 +7,8 @@ from typing import Literal
 import pytest
 import yaml
 
-from q2real.agents.config import LEARNER_CONFIGS, TrainConfig
+from q2real.agents.config import TrainConfig
+from q2real.agents.registry import LEARNERS
 from q2real.configs.loader import ConfigError, list_presets, load, merge, parse_overrides, to_dict
 
 
@@ -111,7 +112,7 @@ def test_a_resolved_config_carries_only_its_learners_section() -> None:
 
 def test_choosing_a_learner_starts_its_section_from_defaults_in_any_key_order() -> None:
     first = load(TrainConfig, None, ["ddpg.batch_size=64", "algo=ddpg"])
-    assert first.algo == "ddpg" and type(first.agent) is LEARNER_CONFIGS["ddpg"]
+    assert first.algo == "ddpg" and type(first.agent) is LEARNERS["ddpg"].config
     assert first.agent.batch_size == 64 and first.agent.num_critics == 1
 
 
@@ -137,10 +138,11 @@ def test_train_config_round_trips_through_yaml(tmp_path: Path) -> None:
 
 
 def test_an_old_run_config_with_every_learners_section_still_loads(tmp_path: Path) -> None:
-    """Before a config held one learner section, run directories carried all four; the unused ones go."""
+    """Before a config held one learner section, run directories carried all four learners of the time (not
+    the ones registered since); the unused ones go."""
     data = to_dict(load(TrainConfig, None, ["algo=td3", "td3.policy_delay=4"]))
-    for name, cls in LEARNER_CONFIGS.items():
-        data.setdefault(name, to_dict(cls()))
+    for name in ("sac", "td3", "ddpg", "flashsac"):
+        data.setdefault(name, to_dict(LEARNERS[name].config()))
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     config = load(TrainConfig, str(path))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from q2real.deploy_ros.dds import LOOPBACK
+from q2real.deploy_ros.transport.dds import LOOPBACK
 
 os.environ.setdefault("CYCLONEDDS_URI", LOOPBACK)
 # ROS 2 peers (rclpy on Fast DDS) stay on loopback too; Jazzy reads the FASTRTPS_ name, Kilted FASTDDS_.
@@ -28,12 +28,13 @@ def export_fresh_agent(
 ) -> Path:
     """A bundle of an untrained agent: real graph and metadata, arbitrary actions (a chunk policy's with
     `chunk`, a `ChunkConfig`; `edit_agent(agent)` may set its weights first)."""
-    from q2real.agents.config import LEARNER_CONFIGS, TrainConfig
+    from q2real.agents.config import TrainConfig
     from q2real.agents.export import write_bundle
     from q2real.agents.learners import build_agent
+    from q2real.agents.registry import LEARNERS
     from q2real.sim import make
 
-    config = TrainConfig(algo=algo, agent=LEARNER_CONFIGS[algo]())  # pyright: ignore[reportArgumentType]
+    config = TrainConfig(algo=algo, agent=LEARNERS[algo].config())
     env_config = dataclasses.replace(config.env, task=task, num_envs=1, device="cpu", task_params=task_params or {})
     config = dataclasses.replace(config, env=env_config)
     if chunk is not None:
@@ -85,7 +86,7 @@ def trained_bundle(pendulum_run: Path) -> Path:
 @pytest.fixture
 def participant(dds_domain: int):
     """Factory of DDS participants in this test's domain, all deleted at teardown (see Endpoints.close)."""
-    from q2real.deploy_ros.dds import Endpoints
+    from q2real.deploy_ros.transport.dds import Endpoints
 
     made: list[Endpoints] = []
 

@@ -12,7 +12,7 @@ import onnx
 import pytest
 import torch
 
-from q2real.agents.sac_lag import SACLag
+from q2real.agents.algos.sac_lag import SACLag
 from q2real.contracts.schema import METADATA_KEY, BundleError, seal
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.node import PolicyNode

@@ -16,11 +16,11 @@ from rosbags.typesys import Stores, get_typestore
 
 from q2real.cli.main import main
 from q2real.contracts.schema import BundleError
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import SENSOR_QOS, DdsNode, Endpoints, wait_for_match
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.session import start_sim_robot
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import SENSOR_QOS, DdsNode, Endpoints, wait_for_match
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig
 
@@ -240,7 +240,7 @@ def test_the_node_stays_passive_until_a_controller_subscribes_to_its_commands(pe
 
 
 def test_q2real_monitor_follows_a_running_nodes_diagnostics_over_dds(pendulum_bundle) -> None:
-    from q2real.deploy_ros.monitor import monitor
+    from q2real.deploy_ros.watch.monitor import monitor
 
     lines: list[str] = []
     with running(pendulum_bundle, _config()) as (node, _, _, errors):

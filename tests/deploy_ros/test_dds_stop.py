@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import SENSOR_QOS, DdsNode, Endpoints, wait_for_match
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import SENSOR_QOS, DdsNode, Endpoints, wait_for_match
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig
 from tests.deploy_ros.conftest import export_fresh_agent

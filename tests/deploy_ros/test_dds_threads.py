@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from q2real.deploy_ros import messages as msg
+from q2real.deploy_ros.transport import messages as msg
 
 SCENARIO = """
 import threading, time
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import Endpoints, use_loopback
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import Endpoints, use_loopback
 
 use_loopback()
 received = []

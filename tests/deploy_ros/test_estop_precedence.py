@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import DdsNode, wait_for_match
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.requests import Applied
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import DdsNode, wait_for_match
 from q2real.safety.flags import Mode, Rule
 from q2real.safety.shield import ShieldConfig
 

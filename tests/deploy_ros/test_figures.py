@@ -13,9 +13,9 @@ import pytest
 
 from q2real.contracts.schema import BundleError
 from q2real.deploy_ros.figures import TaskFigures, figures_line
-from q2real.deploy_ros.monitor import status_line
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.watch.monitor import status_line
 from q2real.hardware import robot_spec
 from q2real.hardware.model import load_model
 

@@ -21,12 +21,13 @@ from hypothesis import strategies as st
 
 from q2real.configs.loader import ConfigError, load
 from q2real.contracts.schema import METADATA_KEY, read_metadata, seal
-from q2real.contracts.transitions import CANDIDATE, CHANGED, ROLLBACK, RUN, TransitionRing, version_name
+from q2real.contracts.transitions import CANDIDATE, CHANGED, READY, ROLLBACK, RUN, TransitionRing, version_name
 from q2real.deploy_ros.bundle import PolicyBundle
-from q2real.deploy_ros.finetune import READY, FineTuning, Placement, launch, learner_cpus
+from q2real.deploy_ros.learning.learner_process import Placement, launch, learner_cpus
+from q2real.deploy_ros.learning.robot_side import RobotLearning
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.session import deploy
-from q2real.deploy_ros.settings import FinetuneSettings, NodeConfig
+from q2real.deploy_ros.settings import NodeConfig, RobotLearningSettings
 from tests.conftest import FIXTURE_RUN
 from tests.deploy_ros.conftest import export_fresh_agent
 
@@ -127,8 +128,8 @@ def test_the_learner_is_placed_off_the_nodes_cpus_at_a_lower_priority(tmp_path: 
 @settings(max_examples=50, deadline=None)
 @given(action=st.lists(st.floats(-1, 1), min_size=1, max_size=4), std=st.floats(0, 0.5), bound=st.floats(0, 0.5))
 def test_exploration_noise_is_bounded_and_stays_in_the_action_range(action, std, bound) -> None:
-    tuning = FineTuning.__new__(FineTuning)
-    tuning.settings, tuning._rng = FinetuneSettings(noise_std=std, noise_bound=bound), np.random.default_rng(0)
+    tuning = RobotLearning.__new__(RobotLearning)
+    tuning.settings, tuning._rng = RobotLearningSettings(noise_std=std, noise_bound=bound), np.random.default_rng(0)
     action = np.array(action)
     noisy = tuning.explore(action)
     assert (np.abs(noisy - action) <= bound + 1e-12).all() and (np.abs(noisy) <= 1).all()
@@ -138,17 +139,17 @@ def test_exploration_noise_is_bounded_and_stays_in_the_action_range(action, std,
 @pytest.fixture()
 def tuning(pendulum_bundle: Path, tmp_path: Path):
     events: list[dict] = []
-    settings = FinetuneSettings(run="unused", window=20)
+    settings = RobotLearningSettings(run="unused", window=20)
     config = NodeConfig(autostart=True, require_subscriber=False)
-    node = PolicyNode(pendulum_bundle, config, FineTuning.attach(settings, tmp_path / "ft", record=events.append))
+    node = PolicyNode(pendulum_bundle, config, RobotLearning.attach(settings, tmp_path / "ft", record=events.append))
     tuning = node.learning
-    assert isinstance(tuning, FineTuning)
+    assert isinstance(tuning, RobotLearning)
     tuning.events = events  # pyright: ignore[reportAttributeAccessIssue]
     _run_ticks(tuning, 20, reward=0.4)  # a window of the deployed version: the first trial's reference
     return tuning
 
 
-def _candidate(tuning: FineTuning, version: int, bundle: Path, probe_commands=None, obs=None) -> None:
+def _candidate(tuning: RobotLearning, version: int, bundle: Path, probe_commands=None, obs=None) -> None:
     """What the learner publishes: the bundle, a probe of its own outputs, the announcement."""
     stem = tuning.directory / version_name(version)
     target = stem.with_suffix(".onnx")
@@ -167,7 +168,7 @@ def _export(tmp_path: Path, name: str, seed: int, edit=None) -> Path:
     return export_fresh_agent("pendulum_swingup", tmp_path / name, edit_agent=edit)
 
 
-def test_a_valid_candidate_is_swapped_in_at_a_tick_boundary(tuning: FineTuning, tmp_path: Path) -> None:
+def test_a_valid_candidate_is_swapped_in_at_a_tick_boundary(tuning: RobotLearning, tmp_path: Path) -> None:
     _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
     lock_held = threading.Event()
     with tuning.node.loop.lock:  # a tick in progress: the swap waits for its end
@@ -200,7 +201,7 @@ def _nan_weights(agent) -> None:
     ],
 )
 def test_a_bad_candidate_is_refused_counted_and_never_runs(
-    tuning: FineTuning, tmp_path: Path, cartpole_bundle: Path, case: str, reason: str
+    tuning: RobotLearning, tmp_path: Path, cartpole_bundle: Path, case: str, reason: str
 ) -> None:
     good = _export(tmp_path, "good.onnx", seed=1)
     if case == "nan":
@@ -246,15 +247,15 @@ def test_a_candidate_with_command_ranges_may_replace_a_bundle_written_before_the
     running = tmp_path / "running.onnx"
     onnx.save(model, str(running))
     seal(running)
-    settings = FinetuneSettings(run="unused", window=20)
-    node = PolicyNode(running, NodeConfig(require_subscriber=False), FineTuning.attach(settings, tmp_path / "ft"))
-    assert isinstance(node.learning, FineTuning)
+    settings = RobotLearningSettings(run="unused", window=20)
+    node = PolicyNode(running, NodeConfig(require_subscriber=False), RobotLearning.attach(settings, tmp_path / "ft"))
+    assert isinstance(node.learning, RobotLearning)
     obs = np.random.default_rng(0).normal(size=(16, node.bundle.info.obs_dim)).astype(np.float32)
     np.savez(tmp_path / "probe.npz", obs=obs, commands=PolicyBundle(panda_bundle)(obs))
     assert node.learning.validate(panda_bundle, tmp_path / "probe.npz").info.metadata == read_metadata(panda_bundle)
 
 
-def _run_ticks(tuning: FineTuning, count: int, reward: float, changed: float = 0.0) -> None:
+def _run_ticks(tuning: RobotLearning, count: int, reward: float, changed: float = 0.0) -> None:
     """`count` ticks in RUN under the running version, rewarded as the learner would."""
     ring, start = tuning.ring, tuning.ring.head
     for i in range(count):
@@ -268,7 +269,7 @@ def _run_ticks(tuning: FineTuning, count: int, reward: float, changed: float = 0
     [(0.5, 0.0, "accepted"), (0.2, 0.0, "rolled_back"), (0.5, 0.5, "rolled_back"), (math.nan, 0.0, "rolled_back")],
 )
 def test_a_version_on_trial_is_judged_against_the_window_before_it(
-    tuning: FineTuning, tmp_path: Path, after: float, changed: float, outcome: str
+    tuning: RobotLearning, tmp_path: Path, after: float, changed: float, outcome: str
 ) -> None:
     _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
     tuning.check()
@@ -294,7 +295,7 @@ def test_a_version_on_trial_is_judged_against_the_window_before_it(
 
 
 def test_losing_the_learner_rolls_back_a_version_on_trial_and_the_node_keeps_running(
-    tuning: FineTuning, tmp_path: Path
+    tuning: RobotLearning, tmp_path: Path
 ) -> None:
     import subprocess
     import sys
@@ -393,7 +394,7 @@ def test_a_failed_start_leaves_no_session_directory_of_its_own(tmp_path: Path, m
     assert not list(tmp_path.glob("runs/finetune-*")), "a failed start left its session directory behind"
 
 
-def test_a_reward_on_the_reward_input_is_stamped_onto_the_next_tick(tuning: FineTuning) -> None:
+def test_a_reward_on_the_reward_input_is_stamped_onto_the_next_tick(tuning: RobotLearning) -> None:
     """The newest value since the tick before goes into this tick's row (the reward of the transition
     that ends here); a tick without one carries NaN, which the learner does not learn from."""
     node, ring = tuning.node, tuning.ring
@@ -408,7 +409,7 @@ def test_a_reward_on_the_reward_input_is_stamped_onto_the_next_tick(tuning: Fine
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e308, -2e6])
-def test_a_reward_that_is_not_a_reward_is_refused_and_counted(tuning: FineTuning, value: float) -> None:
+def test_a_reward_that_is_not_a_reward_is_refused_and_counted(tuning: RobotLearning, value: float) -> None:
     node = tuning.node
     reason = node.on_reward(value)
     assert reason is not None and reason.startswith("reward: ") and node.refused["reward"] == 1
@@ -428,9 +429,11 @@ def test_each_row_holds_what_the_policy_asked_for_beside_what_the_shield_sent(
     from q2real.safety.shield import ShieldConfig
 
     config = NodeConfig(autostart=True, require_subscriber=False, shield=ShieldConfig(ramp_time=0.04))
-    node = PolicyNode(pendulum_bundle, config, FineTuning.attach(FinetuneSettings(run="unused"), tmp_path / "ft"))
+    node = PolicyNode(
+        pendulum_bundle, config, RobotLearning.attach(RobotLearningSettings(run="unused"), tmp_path / "ft")
+    )
     tuning = node.learning
-    assert isinstance(tuning, FineTuning)
+    assert isinstance(tuning, RobotLearning)
     ticks = []
     for i in range(12):
         node.on_joint_state(["hinge"], [0.1], [0.0], [], received=100.0 + 0.02 * i)
@@ -449,7 +452,7 @@ def test_each_row_holds_what_the_policy_asked_for_beside_what_the_shield_sent(
     assert sum(t.command.mode.name == "RUN" for t in ticks) >= 3
 
 
-def test_a_version_under_which_the_policy_did_not_run_is_rolled_back_not_kept(tuning: FineTuning, tmp_path) -> None:
+def test_a_version_under_which_the_policy_did_not_run_is_rolled_back_not_kept(tuning: RobotLearning, tmp_path) -> None:
     """Out of RUN for most of its window (it tripped the shield, or the operator stopped it): there
     is no record to keep it on."""
     _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))

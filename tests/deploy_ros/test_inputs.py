@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from q2real.contracts.schema import BundleError, read_metadata
-from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.inputs import Inputs
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.observation import ObservationBuilder
 from q2real.deploy_ros.settings import InputsConfig, NodeConfig, TopicConfig
+from q2real.deploy_ros.transport import messages as msg
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig
 from tests.deploy_ros.test_node import _rewritten

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from q2real.cli.main import main
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import SENSOR_QOS, Endpoints
 from q2real.gate.sim_robot import GROUND_TRUTH_TOPIC
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig

@@ -19,21 +19,21 @@ import pytest
 
 from q2real.configs.loader import ConfigError, load
 from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing
-from q2real.deploy_ros import link
-from q2real.deploy_ros import link_pb2 as pb
-from q2real.deploy_ros.link import Receiver, Relay, Tls, serve
+from q2real.deploy_ros.learning import link
+from q2real.deploy_ros.learning import link_pb2 as pb
+from q2real.deploy_ros.learning.link import Receiver, Relay, Tls, serve
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NodeConfig
 from tests.conftest import FIXTURE_RUN
 
-DEPLOY_ROS = Path(link.__file__).parent
+LEARNING = Path(link.__file__).parent
 
 
 def test_the_committed_protobuf_module_is_generated_from_link_proto(tmp_path: Path) -> None:
-    protoc = [sys.executable, "-m", "grpc_tools.protoc", f"-I{DEPLOY_ROS}", f"--python_out={tmp_path}"]
-    subprocess.run([*protoc, f"--pyi_out={tmp_path}", str(DEPLOY_ROS / "link.proto")], check=True)
+    protoc = [sys.executable, "-m", "grpc_tools.protoc", f"-I{LEARNING}", f"--python_out={tmp_path}"]
+    subprocess.run([*protoc, f"--pyi_out={tmp_path}", str(LEARNING / "link.proto")], check=True)
     for name in ("link_pb2.py", "link_pb2.pyi"):
-        assert (tmp_path / name).read_text() == (DEPLOY_ROS / name).read_text(), (
+        assert (tmp_path / name).read_text() == (LEARNING / name).read_text(), (
             f"{name} is stale: regenerate it with the command at the top of link.proto"
         )
 
@@ -183,7 +183,7 @@ def test_a_session_over_mutual_tls_streams_rows_in_order_counts_drops_and_relays
     robot_dir.mkdir()
     ring = TransitionRing(robot_dir / RING, 64, 3, 1, 1, create=True)
     _rows(ring, range(200), 0)  # before the link is up: more than the ring holds, so 136 are lost
-    command = [sys.executable, "-m", "q2real.deploy_ros.link", "connect", str(robot_dir), "--learner"]
+    command = [sys.executable, "-m", "q2real.deploy_ros.learning.link", "connect", str(robot_dir), "--learner"]
     command += [f"localhost:{port}", "--tls-root", pem["ca.pem"], "--tls-cert", pem["robot.pem"]]
     client = subprocess.Popen([*command, "--tls-key", pem["robot.key"]], stdout=subprocess.PIPE, text=True)
     try:

@@ -12,10 +12,10 @@ import torch
 import yaml
 
 from q2real.contracts.schema import BundleError
-from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.inputs import Inputs, imu_in_base, rotation_matrix
 from q2real.deploy_ros.observation import UNRANGED_COMMAND_LIMIT, ObservationBuilder
 from q2real.deploy_ros.settings import InputsConfig, TopicConfig
+from q2real.deploy_ros.transport import messages as msg
 from q2real.gate.sim_robot import SimWorld
 from q2real.gate.sim_settings import SimRobotConfig
 from q2real.hardware import RobotSpec, load_spec, robot_spec

@@ -14,10 +14,10 @@ import pytest
 from q2real.cli.main import main
 from q2real.configs.loader import load
 from q2real.contracts.transitions import RING, RUN, TransitionRing
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import LATCHED_QOS, wait_for_match
 from q2real.deploy_ros.session import deploy
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import LATCHED_QOS, wait_for_match
 from tests.deploy_ros.test_dds_loop import _wait_for
 
 REACH = ["env.task=panda_reach"]

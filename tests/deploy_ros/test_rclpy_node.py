@@ -23,9 +23,9 @@ from sensor_msgs.msg import JointState  # noqa: E402
 from std_msgs.msg import Bool, Float64MultiArray  # noqa: E402
 
 from q2real.contracts.schema import BundleError  # noqa: E402
-from q2real.deploy_ros.rclpy_node import RclpyPolicyNode  # noqa: E402
 from q2real.deploy_ros.session import start_sim_robot, stop_sim_robot  # noqa: E402
 from q2real.deploy_ros.settings import NodeConfig  # noqa: E402
+from q2real.deploy_ros.transport.rclpy_node import RclpyPolicyNode  # noqa: E402
 from q2real.safety.flags import Mode  # noqa: E402
 
 pytestmark = pytest.mark.slow  # ROS 2 discovery and seconds of real-time traffic
@@ -179,7 +179,7 @@ def test_the_operators_trigger_services_stop_reset_and_start_the_policy_again(pe
     from std_msgs.msg import String
     from std_srvs.srv import Trigger
 
-    from q2real.deploy_ros.rclpy_node import LATCHED_QOS
+    from q2real.deploy_ros.transport.rclpy_node import LATCHED_QOS
 
     robot = start_sim_robot("pendulum", NodeConfig())
     try:

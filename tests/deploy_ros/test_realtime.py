@@ -21,17 +21,17 @@ import numpy as np
 import pytest
 
 from q2real.configs.loader import ConfigError, load
-from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros import realtime
-from q2real.deploy_ros.dds import SENSOR_QOS, DdsNode, wait_for_match
-from q2real.deploy_ros.diagnostics import DiagnosticsThread
 from q2real.deploy_ros.node import PolicyNode
-from q2real.deploy_ros.probe import busy_neighbour, match, probe
-from q2real.deploy_ros.recorder import Recorder
 from q2real.deploy_ros.settings import NodeConfig, RealtimeConfig
 from q2real.deploy_ros.timing import COLUMN, TickTimes
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import SENSOR_QOS, DdsNode, wait_for_match
+from q2real.deploy_ros.transport.diagnostics import DiagnosticsThread
+from q2real.deploy_ros.watch.recorder import Recorder
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig
+from tests.deploy_ros.probe import busy_neighbour, match, probe
 
 PERIOD = 0.02  # the pendulum's control period
 
@@ -393,7 +393,7 @@ def test_a_torque_robot_is_never_damped_with_a_stale_velocity_and_ends_on_zero_e
 
 
 def test_tick_stamps_catch_a_node_that_answers_every_state_one_period_late() -> None:
-    from q2real.deploy_ros.probe import match_ticks
+    from tests.deploy_ros.probe import match_ticks
 
     period = 0.002
     sent = np.arange(10) * period
@@ -408,7 +408,7 @@ def test_tick_stamps_catch_a_node_that_answers_every_state_one_period_late() -> 
 
 
 def test_each_lost_state_is_put_down_to_its_cause() -> None:
-    from q2real.deploy_ros.probe import ProbeResult, lost_causes
+    from tests.deploy_ros.probe import ProbeResult, lost_causes
 
     period = 0.002
     sent = np.arange(12) * period
@@ -430,7 +430,7 @@ def test_each_lost_state_is_put_down_to_its_cause() -> None:
 
 
 def test_the_lost_ratio_interval_is_clopper_pearson_on_the_nodes_share_of_the_losses() -> None:
-    from q2real.deploy_ros.probe import rate_ratio_interval
+    from tests.deploy_ros.probe import rate_ratio_interval
 
     # 12 of 14 losses the node's: Clopper-Pearson gives its share in [0.5719, 0.9822] (tables).
     low, high = rate_ratio_interval(12, 10_000, 2, 10_000)

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 from mcap_ros2.reader import read_ros2_messages
 
-from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.node import PolicyNode
-from q2real.deploy_ros.recorder import Recorder
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.watch.recorder import Recorder
 
 INPUTS = {
     "/joint_states": msg.JointState,

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from q2real.cli.main import main
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import SENSOR_QOS, DdsNode, wait_for_match
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.session import ModeLines, deploy
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import SENSOR_QOS, DdsNode, wait_for_match
 from q2real.safety.shield import ShieldConfig
 
 PERIOD = 0.02  # hardware/pendulum control period

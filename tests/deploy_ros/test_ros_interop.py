@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from q2real.deploy_ros.dds import DdsNode
 from q2real.deploy_ros.node import PolicyNode
 from q2real.deploy_ros.session import start_sim_robot, stop_sim_robot
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport.dds import DdsNode
 from q2real.safety.flags import Mode
 from q2real.safety.shield import ShieldConfig
 

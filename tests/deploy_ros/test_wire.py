@@ -11,10 +11,10 @@ import pytest
 from cyclonedds.core import Policy
 from rosbags.typesys import Stores, get_typestore
 
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.commands import ForwardCommand, command_message
-from q2real.deploy_ros.dds import DEFAULT_QOS, SENSOR_QOS, dds_topic
 from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.commands import ForwardCommand, command_message
+from q2real.deploy_ros.transport.dds import DEFAULT_QOS, SENSOR_QOS, dds_topic
 
 STORE = get_typestore(Stores.ROS2_JAZZY)
 

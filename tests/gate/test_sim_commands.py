@@ -7,7 +7,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from q2real.deploy_ros import messages as msg
+from q2real.deploy_ros.transport import messages as msg
 from q2real.gate.sim_robot import Commands, SimWorld
 from q2real.gate.sim_settings import SimRobotConfig
 from q2real.hardware import robot_spec

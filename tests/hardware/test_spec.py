@@ -167,3 +167,12 @@ def test_the_stop_deceleration_is_read_per_joint_and_travels_in_the_bundle(tmp_p
         meta["robot"]["stop_decelerations"] = bad
         with pytest.raises(BundleError, match=r"b.onnx: metadata.robot.stop_decelerations"):
             robot_from_metadata(meta, "b.onnx")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_rate_window_is_the_velocity_limit_times_the_control_period(name: str) -> None:
+    """The shield, its clamps in the sim and stepped actions read this one window (they each computed it)."""
+    spec = robot_spec(name)
+    expected = np.array([joint.velocity_limit for joint in spec.joints]) * spec.control_period
+    assert spec.rate_window.dtype == np.float64
+    assert np.array_equal(spec.rate_window, expected)

@@ -57,8 +57,8 @@ def test_the_residual_lifts_a_weak_base_on_panda_reach(tmp_path: Path) -> None:
     half of every batch) must beat it on the same evaluation episodes within 10k env steps."""
     import dataclasses
 
+    from q2real.agents.algos.sac import SACConfig
     from q2real.agents.common.run_dir import LogConfig
-    from q2real.agents.sac import SACConfig
     from q2real.residual.bc import BCConfig, BCRun
     from q2real.residual.learner import ResidualConfig
     from q2real.residual.train import ResidualTrainConfig, ResidualTrainer

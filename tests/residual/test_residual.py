@@ -11,11 +11,12 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from q2real.agents.algos.sac import SACConfig
 from q2real.agents.callbacks import evaluate
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.chunk_critics import ChunkConfig
 from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import LogConfig
-from q2real.agents.sac import SACConfig
 from q2real.configs.loader import ConfigError
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.residual.bc import BCConfig, BCRun, load_bc
@@ -73,7 +74,9 @@ def test_the_residual_starts_as_the_base_exactly(tmp_path: Path, reach_base: Pat
 
 
 def test_the_residual_never_leaves_its_bound() -> None:
-    agent = ResidualSAC(SACConfig(actor_hidden=(16,)), 6 + 3, 3, 4, torch.device("cpu"), ResidualConfig(scale=0.2), 3)
+    agent = ResidualSAC(
+        SACConfig(actor_hidden=(16,)), Sizes(6 + 3, 3, 4, torch.device("cpu")), ResidualConfig(scale=0.2), 3
+    )
     with torch.no_grad():
         for p in agent.actor.parameters():
             p.normal_(0, 5.0)  # a residual driven hard into its saturation
@@ -91,7 +94,7 @@ def test_the_residual_never_leaves_its_bound() -> None:
 
 def test_progressive_exploration_starts_at_the_base() -> None:
     config = ResidualConfig(scale=0.3, progressive_steps=1000)
-    agent = ResidualSAC(SACConfig(actor_hidden=(16,)), 4 + 2, 2, 256, torch.device("cpu"), config, 2)
+    agent = ResidualSAC(SACConfig(actor_hidden=(16,)), Sizes(4 + 2, 2, 256, torch.device("cpu")), config, 2)
     obs = torch.cat([torch.randn(256, 4), torch.rand(256, 2) - 0.5], dim=1)
     assert torch.equal(agent.act(obs), obs[:, 4:])  # t = 0: the residual never acts
     agent.collected.fill_(500)
@@ -151,7 +154,7 @@ def test_every_batch_is_half_demonstrations() -> None:
 
 def test_the_target_bootstraps_from_a_random_pair_of_critics() -> None:
     config = SACConfig(actor_hidden=(16,), critic_hidden=(16,), num_critics=6, target_subset=2)
-    agent = ResidualSAC(config, 5, 2, 1, torch.device("cpu"), ResidualConfig(), 0)
+    agent = ResidualSAC(config, Sizes(5, 2, 1, torch.device("cpu")), ResidualConfig(), 0)
     with torch.no_grad():
         agent.critic_target.head.weight.zero_()
         agent.critic_target.head.bias.copy_(torch.arange(6.0).view(6, 1, 1))  # member i's target value is i

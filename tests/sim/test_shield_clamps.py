@@ -101,7 +101,7 @@ def test_a_task_env_trains_under_the_clamps_and_reports_which_rules_acted() -> N
         assert "shield_rules" not in free.info
         rules = dict(zip(RULES, held.info["shield_rules"].T, strict=True))
         assert rules["RATE_LIMIT"].all() and not rules["ACTION_CLIPPED"].any()
-        step = torch.tensor(shielded.spec.array("velocity_limit") * shielded.control_period).float()
+        step = torch.tensor(shielded.spec.rate_window).float()
         target = shielded._clamps.previous - shielded.task.default_pose
         assert (target <= step + 1e-6).all() and (target > 0).any()
         moved_plain = (plain.physics.qpos[:, plain.task.qpos_index] - plain.task.default_pose).abs().max()

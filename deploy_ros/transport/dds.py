@@ -1,7 +1,7 @@
 """ROS 2 on the wire without a ROS install: the cyclonedds binding, speaking as rmw_cyclonedds does.
 
 ROS 2 topic `/joint_states` is DDS topic `rt/joint_states`, private names (`~/estop`) resolve under
-the node's name, types carry their mangled names (`q2real.deploy_ros.messages`) and QoS is ROS 2's:
+the node's name, types carry their mangled names (`q2real.deploy_ros.transport.messages`) and QoS is ROS 2's:
 the default profile (RELIABLE, VOLATILE, KEEP_LAST 10) for commands, e-stop and diagnostics, the
 sensor-data profile (BEST_EFFORT, KEEP_LAST 5) for reading joint states, which matches the
 joint_state_broadcaster's RELIABLE writer and any BEST_EFFORT one. Domain: `ROS_DOMAIN_ID`.
@@ -33,12 +33,12 @@ from cyclonedds.util import duration
 
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.commands import ForwardCommand, command_message, diagnostics_message, stamp_now
-from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
 from q2real.deploy_ros.inputs import STREAMS
 from q2real.deploy_ros.node import PolicyNode, Tick
 from q2real.deploy_ros.settings import NODE_NAME, resolve_topic
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.commands import ForwardCommand, command_message, diagnostics_message, stamp_now
+from q2real.deploy_ros.transport.diagnostics import DiagnosticsThread, Report
 
 LATCHED_QOS = Qos(
     Policy.Reliability.Reliable(duration(milliseconds=100)),

@@ -30,6 +30,7 @@ from q2real.agents.common.run_dir import LogConfig, write_atomic
 from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.jobs import job_kind
 from q2real.agents.learners import load_learner
+from q2real.agents.registry import LEARNERS
 from q2real.agents.train import Trainer
 from q2real.configs.loader import ConfigError, load, to_dict
 from q2real.sim.randomization import RandomizationConfig
@@ -127,8 +128,7 @@ class Finetuner(Trainer):
         self.source = Path(config.run)
         if (self.source / "config.yaml").is_file() and (kind := job_kind(str(self.source / "config.yaml"), [])) != "rl":
             raise ConfigError(
-                f"run: {config.run} is a {kind} run; fine-tuning continues an off-policy RL run (sac, td3, flashsac, "
-                "crossq, droq, sac_lag, coxq, ddpg)"
+                f"run: {config.run} is a {kind} run; fine-tuning continues an off-policy RL run ({', '.join(LEARNERS)})"
             )
         self.run_config = load_run_config(self.source, CHECKPOINT)
         super().__init__(handoff_config(config, self.run_config), [HandoffEval()], resume=resume)

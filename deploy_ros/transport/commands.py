@@ -1,6 +1,6 @@
 """Command and diagnostics messages, built once for both transports.
 
-The functions take the message namespace as an argument: `q2real.deploy_ros.messages` on DDS, or a
+The functions take the message namespace as an argument: `q2real.deploy_ros.transport.messages` on DDS, or a
 namespace of rclpy's generated classes on ROS 2. Both have the same class and field names, so the
 node's output is identical on either transport.
 """

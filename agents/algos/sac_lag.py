@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from q2real.agents.common.actor_critic import make_optimizer
+from q2real.agents.algos.sac import SAC, SACConfig
+from q2real.agents.common.actor_critic import Sizes, make_optimizer
 from q2real.agents.common.cost_critic import CostCritic
 from q2real.agents.common.heads import QuantileHead, ScalarHead
 from q2real.agents.common.lagrange import EpisodeCost, Lagrange
 from q2real.agents.common.networks import set_matmul_dtype
 from q2real.agents.common.replay import Batch
-from q2real.agents.sac import SAC, SACConfig
 from q2real.sim.vec_env import StepResult
 
 
@@ -61,27 +61,27 @@ class SACLagConfig(SACConfig):
 
 class SACLag(SAC):
     config: SACLagConfig
+    cost_estimate = "ensemble mean"
+    """How `cost_values` reads the cost critic's ensemble, as the bundle's metadata states it."""
 
-    def __init__(
-        self,
-        config: SACLagConfig,
-        obs_dim: int,
-        action_dim: int,
-        num_envs: int,
-        device: torch.device,
-        policy_obs_dim: int | None = None,
-    ):
-        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
+    def __init__(self, config: SACLagConfig, sizes: Sizes):
+        super().__init__(config, sizes)
         head, tail_start = self.cost_head()
         self.cost_critic = CostCritic(
-            obs_dim, action_dim, config.critic_hidden, config.network, config.num_cost_critics, head, tail_start
-        ).to(device)
+            sizes.obs_dim,
+            sizes.action_dim,
+            config.critic_hidden,
+            config.network,
+            config.num_cost_critics,
+            head,
+            tail_start,
+        ).to(sizes.device)
         set_matmul_dtype(self.cost_critic, self.matmul_dtype)
         self.cost_optim = make_optimizer(self.cost_critic.critic.parameters(), config.critic_lr, config.weight_decay)
         self.lagrange = Lagrange(config.cost_limit, config.lagrange_init, config.lagrange_lr, config.lagrange_max)
-        self.episode_cost = EpisodeCost(num_envs, config.cost_average_rate)
-        self.lagrange.to(device)
-        self.episode_cost.to(device)
+        self.episode_cost = EpisodeCost(sizes.num_envs, config.cost_average_rate)
+        self.lagrange.to(sizes.device)
+        self.episode_cost.to(sizes.device)
         g, t = config.gamma, config.limit_horizon
         self.value_limit = config.cost_limit * (1 - g**t) / ((1 - g) * t) if g < 1 else config.cost_limit
         """d_Q: the per-state limit on Q_c matching the episode limit (`limit_horizon`)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig, make_optimizer, step_optimizer
+from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig, Sizes, make_optimizer, step_optimizer
 from q2real.agents.common.exploration import NoiseRepetition
 from q2real.agents.common.networks import GaussianActor
 from q2real.sim.vec_env import StepResult
@@ -63,17 +63,9 @@ class SAC(ActorCritic):
     config: SACConfig
     actor: GaussianActor
 
-    def __init__(
-        self,
-        config: SACConfig,
-        obs_dim: int,
-        action_dim: int,
-        num_envs: int,
-        device: torch.device,
-        policy_obs_dim: int | None = None,
-    ):
-        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
-        self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha), device=device))
+    def __init__(self, config: SACConfig, sizes: Sizes):
+        super().__init__(config, sizes)
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha), device=sizes.device))
         self.alpha_optim = make_optimizer([self.log_alpha], config.alpha_lr, 0.0)
         if config.target_entropy is not None:
             self.target_entropy = config.target_entropy
@@ -81,11 +73,10 @@ class SAC(ActorCritic):
             self.target_entropy = 0.5 * self.policy_dim * math.log(2 * math.pi * math.e * config.target_action_std**2)
         else:
             self.target_entropy = -float(self.policy_dim)
-        self.repeat = (
-            NoiseRepetition(num_envs, self.policy_dim, config.noise_repeat_mu, config.noise_repeat_max, device)
-            if config.noise_repeat
-            else None
-        )
+        self.repeat: NoiseRepetition | None = None
+        if config.noise_repeat:
+            mu, longest = config.noise_repeat_mu, config.noise_repeat_max
+            self.repeat = NoiseRepetition(sizes.num_envs, self.policy_dim, mu, longest, sizes.device)
         self._log_prob: torch.Tensor | None = None
         """The actor step's log pi(a|s), detached, for the temperature's step after it."""
 

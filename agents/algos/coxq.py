@@ -24,9 +24,10 @@ from typing import Literal
 import torch
 from torch import nn
 
+from q2real.agents.algos.sac_lag import SACLag, SACLagConfig
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.heads import QuantileHead
 from q2real.agents.common.optimistic import CASES, FREE, project_to_cone, trust_region_step
-from q2real.agents.sac_lag import SACLag, SACLagConfig
 from q2real.sim.vec_env import StepResult
 
 
@@ -87,28 +88,21 @@ class COXQConfig(SACLagConfig):
 
 class COXQ(SACLag):
     config: COXQConfig
+    cost_estimate = "upper quantile tail, ensemble mean"
     delta: torch.Tensor
     step_cost: torch.Tensor
     case_counts: torch.Tensor
     slack_sum: torch.Tensor
 
-    def __init__(
-        self,
-        config: COXQConfig,
-        obs_dim: int,
-        action_dim: int,
-        num_envs: int,
-        device: torch.device,
-        policy_obs_dim: int | None = None,
-    ):
-        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
+    def __init__(self, config: COXQConfig, sizes: Sizes):
+        super().__init__(config, sizes)
         budget = config.cost_limit if config.training_cost_budget is None else config.training_cost_budget
         self.budget = budget
-        self.register_buffer("delta", torch.tensor(config.trust_region, device=device))
-        self.register_buffer("step_cost", torch.zeros((), device=device))
+        self.register_buffer("delta", torch.tensor(config.trust_region, device=sizes.device))
+        self.register_buffer("step_cost", torch.zeros((), device=sizes.device))
         # Per case (and a last entry for steps the cost cap cut), states since the last log window.
-        self.register_buffer("case_counts", torch.zeros(len(CASES) + 1, device=device))
-        self.register_buffer("slack_sum", torch.zeros((), device=device))
+        self.register_buffer("case_counts", torch.zeros(len(CASES) + 1, device=sizes.device))
+        self.register_buffer("slack_sum", torch.zeros((), device=sizes.device))
         """d_Q - Q_c of the exploring states since the last log window, summed."""
         self._explored = False
 

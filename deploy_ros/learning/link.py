@@ -1,10 +1,10 @@
 """The robot-to-learner link: the deploy node on the robot, its learner on a workstation, over gRPC.
 
-Fine-tuning on the robot (`q2real.deploy_ros.finetune`) has the node and its learner share one
+Fine-tuning on the robot (`q2real.deploy_ros.learning.robot_side`) has the node and its learner share one
 directory: the transition ring, each version's files, `candidate.json`, `rollback.json`. The link
 mirrors that directory across the network (`link.proto`), so both ends run unchanged:
 
-- On the robot, `FineTuning` starts the client (`python -m q2real.deploy_ros.link connect DIR`) where
+- On the robot, `RobotLearning` starts the client (`python -m q2real.deploy_ros.learning.link connect DIR`) where
   it would start the learner. The client reads the ring in batches and sends them. The ring is the
   link's bounded queue: the node appends and never waits; when the network is slower than the robot
   for longer than the ring holds, the rows the node overwrote before they were sent are the ones
@@ -15,7 +15,7 @@ mirrors that directory across the network (`link.proto`), so both ends run uncha
   went), the client exits, so the node sees a dead learner and keeps its last good version.
 - On the workstation, `q2real learn --serve HOST:PORT RUN_DIR` serves one robot at a time: per session
   a directory with a ring of the robot's layout, filled at the robot's row indices, and the learner
-  process that would run on the robot (`q2real.agents.robot_learner`), whose rewards, versions and
+  process that would run on the robot (`q2real.agents.onrobot.robot_learner`), whose rewards, versions and
   exit it relays.
 
 TLS is optional: the robot verifies the learner against `tls_root` and may present its own
@@ -47,8 +47,8 @@ from q2real.configs import checks
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError
 from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, TransitionRing, version_name, write_atomic
-from q2real.deploy_ros import link_pb2 as pb
-from q2real.deploy_ros.finetune import LOG, launch, learner_command
+from q2real.deploy_ros.learning import link_pb2 as pb
+from q2real.deploy_ros.learning.learner_process import LOG, launch, learner_command
 from q2real.deploy_ros.signals import on_signal
 
 PROTOCOL = 1
@@ -388,7 +388,9 @@ def serve(address: str, relay: Relay, tls: Tls = Tls()) -> tuple[grpc.Server, in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m q2real.deploy_ros.link", description="the robot's end of the link")
+    parser = argparse.ArgumentParser(
+        prog="python -m q2real.deploy_ros.learning.link", description="the robot's end of the link"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     connect = sub.add_parser("connect", help="stream a fine-tuning directory's ring to a remote learner")
     connect.add_argument("directory", type=Path)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from q2real.agents.algos.sac import SACConfig
 from q2real.agents.common.networks import Trunk
-from q2real.agents.sac import SACConfig
 
 
 @dataclass

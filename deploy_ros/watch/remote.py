@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from q2real.configs.errors import Q2RealError
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import Endpoints, domain_id, use_loopback
-from q2real.deploy_ros.monitor import STATUS, status_line
 from q2real.deploy_ros.settings import NODE_NAME, resolve_topic
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import Endpoints, domain_id, use_loopback
+from q2real.deploy_ros.watch.monitor import STATUS, status_line
 
 Request = Literal["start", "stop", "reset", "estop"]
 DONE: dict[str, tuple[str, ...]] = {
@@ -67,7 +67,7 @@ class Reports:
 
 
 def status(timeout: float = 5.0, topic: str = "/diagnostics", loopback: bool = False) -> str:
-    """The next report on `topic` as one console line (`q2real.deploy_ros.monitor.status_line`)."""
+    """The next report on `topic` as one console line (`q2real.deploy_ros.watch.monitor.status_line`)."""
     endpoints = _endpoints(loopback)
     try:
         report = Reports(endpoints, topic).next(time.monotonic() + timeout)

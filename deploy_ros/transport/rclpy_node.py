@@ -38,12 +38,12 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from q2real.deploy_ros import realtime
-from q2real.deploy_ros.commands import command_message, diagnostics_message, stamp_now
-from q2real.deploy_ros.diagnostics import DiagnosticsThread, Report
 from q2real.deploy_ros.inputs import STREAMS
 from q2real.deploy_ros.node import PolicyNode, Tick
 from q2real.deploy_ros.settings import NODE_NAME, TRIGGER_SERVICES, config_from_parameters
 from q2real.deploy_ros.signals import on_signal
+from q2real.deploy_ros.transport.commands import command_message, diagnostics_message, stamp_now
+from q2real.deploy_ros.transport.diagnostics import DiagnosticsThread, Report
 
 MESSAGES = SimpleNamespace(
     Imu=Imu,
@@ -61,7 +61,7 @@ MESSAGES = SimpleNamespace(
     DiagnosticStatus=DiagnosticStatus,
     DiagnosticArray=DiagnosticArray,
 )
-"""rclpy's generated classes under the names `q2real.deploy_ros.commands` builds messages from."""
+"""rclpy's generated classes under the names `q2real.deploy_ros.transport.commands` builds messages from."""
 
 COMMAND_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 LATCHED_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)

@@ -13,12 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import Endpoints, use_loopback
 from q2real.deploy_ros.figures import figures_line
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import Endpoints, use_loopback
 
 STATUS = "q2real_policy: shield"
-"""The status name the node reports under (`q2real.deploy_ros.commands.diagnostics_message`)."""
+"""The status name the node reports under (`q2real.deploy_ros.transport.commands.diagnostics_message`)."""
 LEVELS = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
 
 

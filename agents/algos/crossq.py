@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from q2real.agents.algos.sac import SAC, SACConfig
+from q2real.agents.common.actor_critic import Sizes
 from q2real.agents.common.networks import Trunk, set_renorm_warmup
-from q2real.agents.sac import SAC, SACConfig
 
 
 @dataclass
@@ -49,16 +50,8 @@ class CrossQConfig(SACConfig):
 class CrossQ(SAC):
     config: CrossQConfig
 
-    def __init__(
-        self,
-        config: CrossQConfig,
-        obs_dim: int,
-        action_dim: int,
-        num_envs: int,
-        device: torch.device,
-        policy_obs_dim: int | None = None,
-    ):
-        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
+    def __init__(self, config: CrossQConfig, sizes: Sizes):
+        super().__init__(config, sizes)
         set_renorm_warmup(self, config.renorm_warmup)
 
     def target_action(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,9 +24,9 @@ from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 
 from q2real.configs.loader import ConfigError
-from q2real.deploy_ros import messages as msg
 from q2real.deploy_ros.node import Tick
 from q2real.deploy_ros.settings import NODE_NAME
+from q2real.deploy_ros.transport import messages as msg
 
 
 def _floats(kind: type, values) -> object:

@@ -1,6 +1,8 @@
-"""Fine-tuning on the robot: the node's side. The control loop never waits on the learner.
+"""On-robot learning, the robot's side: what the node does while a learner fine-tunes its policy. The
+control loop never waits on the learner. (The learner's side is `q2real-learner`, the trainer's
+`Finetuner` with the robot in place of a simulator.)
 
-The learner (`q2real-learner`, `q2real.agents.robot_learner`) is a separate process with one torch
+The learner (`q2real-learner`, `q2real.agents.onrobot.robot_learner`) is a separate process with one torch
 thread, started before the robot moves (a bad setting stops the deploy with the learner's own
 error). Each tick the node appends its transition to the ring (a few stores, after the command went
 out) and adds bounded exploration noise to the policy's action before the shield. A watcher thread,
@@ -24,7 +26,7 @@ Every version is kept in the fine-tuning directory (`v0000.onnx` is the bundle d
 event (swap, refusal, rollback, acceptance, the learner's exit) goes to the MCAP bag when recording.
 
 With `learner_address` the learner runs on another machine: the process started here is then the
-link (`q2real.deploy_ros.link`), which mirrors this directory to it, and everything above is unchanged.
+link (`q2real.deploy_ros.learning.link`), which mirrors this directory to it, and everything above is unchanged.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ from q2real.contracts.schema import BundleError, robot_from_metadata
 from q2real.contracts.transitions import (
     CANDIDATE,
     CHANGED,
-    READY,
     RING,
     ROLLBACK,
     RUN,
@@ -59,13 +60,12 @@ from q2real.contracts.transitions import (
     write_atomic,
 )
 from q2real.deploy_ros.bundle import PolicyBundle
+from q2real.deploy_ros.learning.learner_process import Placement, launch, learner_command, learner_cpus
 from q2real.deploy_ros.node import PolicyNode, Tick
-from q2real.deploy_ros.programs import LEARNER, program
-from q2real.deploy_ros.settings import FinetuneSettings
+from q2real.deploy_ros.settings import RobotLearningSettings
 from q2real.hardware.spec import differences
 from q2real.safety.flags import CLAMPS, Mode
 
-LOG = "learner.log"
 WATCH_PERIOD = 0.2
 """Seconds between two looks of the watcher at the learner and its candidates."""
 PROBE_MAX = 4096
@@ -105,18 +105,18 @@ class Counts:
     events: list[dict] = field(default_factory=list)
 
 
-class FineTuning:
-    """On-robot learning for a node, built with it (`PolicyNode(..., learning=FineTuning.attach(...))`);
-    `start()` launches the learner, `close()` stops it."""
+class RobotLearning:
+    """The robot's side of on-robot learning for a node, built with it (`PolicyNode(...,
+    learning=RobotLearning.attach(...))`); `start()` launches the learner, `close()` stops it."""
 
     @staticmethod
     def attach(
-        settings: FinetuneSettings, directory: Path | None = None, record=None
-    ) -> Callable[[PolicyNode], FineTuning]:
+        settings: RobotLearningSettings, directory: Path | None = None, record=None
+    ) -> Callable[[PolicyNode], RobotLearning]:
         """What `PolicyNode` calls with itself to build its fine-tuning."""
-        return lambda node: FineTuning(node, settings, directory, record)
+        return lambda node: RobotLearning(node, settings, directory, record)
 
-    def __init__(self, node: PolicyNode, settings: FinetuneSettings, directory: Path | None = None, record=None):
+    def __init__(self, node: PolicyNode, settings: RobotLearningSettings, directory: Path | None = None, record=None):
         if not settings.enabled:
             raise ConfigError("finetune.run or finetune.learner_address: the run to fine-tune or its learner is needed")
         info = node.bundle.info
@@ -181,7 +181,7 @@ class FineTuning:
             assert s.run is not None
             command = learner_command(self.directory, s.run, s.publish_every, s.learner)
         else:
-            command = [sys.executable, "-m", "q2real.deploy_ros.link", "connect", str(self.directory)]
+            command = [sys.executable, "-m", "q2real.deploy_ros.learning.link", "connect", str(self.directory)]
             command += ["--learner", s.learner_address, "--parent-pid", str(os.getpid())]
             for flag, path in (("--tls-root", s.tls_root), ("--tls-cert", s.tls_cert), ("--tls-key", s.tls_key)):
                 command += [flag, path] if path else []
@@ -377,77 +377,6 @@ class FineTuning:
         print(f"finetune: {kind} version {version}: {detail}", flush=True)
         if self.record is not None:
             self.record(event)
-
-
-def learner_command(directory: Path, run: str, publish_every: float, overrides: tuple[str, ...]) -> list[str]:
-    """The learner process fine-tuning `run` on the transitions in `directory`; it exits with this process."""
-    command = [program(LEARNER), "--publish-every", str(publish_every)]
-    command += ["--parent-pid", str(os.getpid()), str(directory)]
-    return [*command, f"run={run}", f"log.root={directory}", "log.name=learner", *overrides]
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a process beside the node runs: its CPUs and its niceness above the node's, under the
-    normal scheduler."""
-
-    cpus: frozenset[int]
-    nice: int
-
-    def apply(self, pid: int) -> None:
-        """Place every thread of `pid` (just started: its interpreter has not spawned any yet; those it
-        starts later inherit). A child of a SCHED_FIFO node would inherit FIFO too: a CPU-bound learner
-        at real-time priority would starve the node, so it goes back to the normal scheduler."""
-        for task in os.listdir(f"/proc/{pid}/task"):
-            tid = int(task)
-            if os.sched_getscheduler(tid) != os.SCHED_OTHER:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-            os.sched_setaffinity(tid, self.cpus)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.nice))
-
-
-def learner_cpus(wanted: tuple[int, ...] | None, node_cpus: tuple[int, ...]) -> frozenset[int]:
-    """`finetune.learner_cpus`, or by default the CPUs the node leaves free (`FinetuneSettings`)."""
-    machine = set(range(os.cpu_count() or 1))
-    if wanted is not None:
-        missing = sorted(set(wanted) - machine)
-        if missing:
-            raise ConfigError(f"finetune.learner_cpus: this machine has no CPUs {missing} (it has {sorted(machine)})")
-        return frozenset(wanted)
-    # A pinned node's own affinity no longer shows the machine's other CPUs.
-    free = machine - set(node_cpus) if node_cpus else os.sched_getaffinity(0) - {min(os.sched_getaffinity(0))}
-    return frozenset(free or os.sched_getaffinity(0))
-
-
-def launch(command: list[str], directory: Path, startup: float, placement: Placement | None = None) -> subprocess.Popen:
-    """Start `command` with one thread per math library (placed beside the node, if `placement`), its
-    output in `directory`/learner.log, and wait for its `learner.ready`; a ConfigError with the end of
-    its log when it exits or is late."""
-    log = open(directory / LOG, "w")  # noqa: SIM115 - the child writes to it for its whole life
-    environment = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
-    log.close()
-    if placement is not None:
-        try:
-            placement.apply(process.pid)
-        except OSError as err:
-            process.kill()
-            process.wait()
-            raise ConfigError(
-                f"finetune: the learner could not be placed on CPUs {sorted(placement.cpus)}: {err.strerror}"
-                " (set finetune.learner_cpus to CPUs this process may use)"
-            ) from None
-    deadline = time.monotonic() + startup
-    while not (directory / READY).exists():
-        if process.poll() is not None:
-            tail = (directory / LOG).read_text()[-1500:]
-            raise ConfigError(f"finetune: the learner did not start (exit {process.returncode}):\n{tail}")
-        if time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            raise ConfigError(f"finetune.learner_startup: the learner was not ready in {startup:g} s")
-        time.sleep(0.1)
-    return process
 
 
 def _mean(values: np.ndarray) -> float:

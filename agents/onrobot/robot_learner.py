@@ -1,16 +1,17 @@
 """The learner beside the deploy node: the run's learner fine-tuned on the robot's own transitions.
 
 `q2real deploy BUNDLE --finetune` starts this as its own process with one torch thread (a learner
-competing with the control loop for cores is what costs a torch process 5x; `q2real.deploy_ros.
-finetune`). It is `Finetuner` with the robot in place of a simulator: each iteration takes the next
-transition from the node's ring (`q2real.contracts.transitions`) instead of stepping an env, so the
-replay, the critic-first warm-up, the updates, checkpoints and logs are the training loop's own. The
-reward is the task's, computed from what the node streamed at the tick after the action (joint
-states, the command and a tracked object's position in the observation, forward kinematics on this
-machine's model: `q2real.sim.streamed`), or with `reward=topic` the value the node received on its
-reward input before that tick (a transition without one is not learned from). The stream is one
-continuing episode, cut into the task's episode length for the logs only (a time limit: the critic
-still bootstraps).
+competing with the control loop for cores is what costs a torch process 5x;
+`q2real.deploy_ros.learning.learner_process`). It is `Finetuner` with the robot in place of a
+simulator: each iteration takes the next transition from the node's ring
+(`q2real.contracts.transitions`) instead of stepping an env, so the replay, the critic-first
+warm-up, the updates, checkpoints and logs are the training loop's own. The reward is the task's,
+computed from what the node streamed at the tick after the action (joint states, the command and a
+tracked object's position in the observation, forward kinematics on this machine's model:
+`q2real.sim.streamed`), or with `reward=topic` the value the node received on its reward input
+before that tick (a transition without one is not learned from). The stream is one continuing
+episode, cut into the task's episode length for the logs only (a time limit: the critic still
+bootstraps).
 
 Every `publish_every` seconds after `actor_start` it exports the deterministic policy as version k of
 the bundle (`vNNNN.onnx`), with a parity probe (recent robot observations and the commands the torch
@@ -37,7 +38,7 @@ import torch
 from q2real.agents.callbacks import Callback, EvalCallback, StopTraining
 from q2real.agents.common.run_dir import write_atomic
 from q2real.agents.export import DeployPolicy, write_bundle
-from q2real.agents.finetune import FinetuneConfig, Finetuner, HandoffEval
+from q2real.agents.onrobot.finetune import FinetuneConfig, Finetuner, HandoffEval
 from q2real.agents.train import Trainer
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError, load

@@ -9,6 +9,9 @@ afterwards, so the probe's own scheduling never turns an answered state into a l
 `echo` is the peer to compare with: a process that answers each state at once with a prebuilt
 command, the floor that the middleware and Python leave on the machine. `busy_neighbour` is the
 load a robot computer really has: a CPU-bound process, like a learner beside the node.
+
+The real-time tests time the node with it, and `bench/deploy_loop.py` measures a machine with it
+(imported by path, as a bench script runs from the repository root); the echo runs it as a script.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from q2real.deploy_ros import messages as msg
-from q2real.deploy_ros.dds import SENSOR_QOS, Endpoints, use_loopback, wait_for_match
+from q2real.deploy_ros.transport import messages as msg
+from q2real.deploy_ros.transport.dds import SENSOR_QOS, Endpoints, use_loopback, wait_for_match
 
 COMMANDS = "/forward_command_controller/commands"
 ANSWER_WINDOW = 0.95
@@ -231,7 +234,7 @@ def busy_neighbour() -> subprocess.Popen:
 
 
 def main() -> None:
-    """`python -m q2real.deploy_ros.probe --echo SECONDS`: the echo peer as its own process."""
+    """`python tests/deploy_ros/probe.py --echo SECONDS`: the echo peer as its own process."""
     import argparse
 
     parser = argparse.ArgumentParser(description="the echo peer: answer every joint state at once")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig
+from q2real.agents.common.actor_critic import ActorCritic, ActorCriticConfig, Sizes
 from q2real.agents.common.exploration import MixedGaussianNoise
 from q2real.agents.common.networks import DeterministicActor, polyak
 from q2real.sim.vec_env import StepResult
@@ -58,19 +58,13 @@ class DDPGConfig(TD3Config):
 class TD3(ActorCritic):
     config: TD3Config
 
-    def __init__(
-        self,
-        config: TD3Config,
-        obs_dim: int,
-        action_dim: int,
-        num_envs: int,
-        device: torch.device,
-        policy_obs_dim: int | None = None,
-    ):
-        super().__init__(config, obs_dim, action_dim, num_envs, device, policy_obs_dim)
+    def __init__(self, config: TD3Config, sizes: Sizes):
+        super().__init__(config, sizes)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if config.target_actor else None
         low = config.exploration_noise if config.exploration_noise_min is None else config.exploration_noise_min
-        self.noise = MixedGaussianNoise(num_envs, low, config.exploration_noise, config.resample_noise_on_done, device)
+        self.noise = MixedGaussianNoise(
+            sizes.num_envs, low, config.exploration_noise, config.resample_noise_on_done, sizes.device
+        )
 
     def build_actor(self) -> nn.Module:
         return DeterministicActor(self.policy_obs_dim, self.policy_dim, self.config.actor_hidden, self.config.network)
