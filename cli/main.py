@@ -556,15 +556,24 @@ def _transfer(args: argparse.Namespace) -> int:
         ros=args.ros,
         **defaults,
     )
-    lowest = report["transfer_ratio_in_range_lower"]
     verdict = "PASSED" if report["passed"] else f"FAILED on {', '.join(report['failed_rows'])}"
     print(
         f"gate {verdict}: trained on {report['trained_backend']}, gated on {report['gate_backend']}; return as trained "
-        f"{report['reference_return']:.2f} (no shield {report['unshielded_return']:.2f}); lowest in-range "
-        f"interval bound {'none' if lowest is None else f'{lowest:.3f}'} (threshold {report['threshold']:g}); "
+        f"{report['reference_return']:.2f} (no shield {report['unshielded_return']:.2f}); {_lowest_judged(report)}; "
         f"table {args.run_dir}/transfer.json, plot {args.run_dir}/transfer.png"
     )
     return 0 if report["passed"] else 1
+
+
+def _lowest_judged(report: dict) -> str:
+    """The row the verdict hangs on: the lowest interval bound (a lone episode's ratio) of the rows judged,
+    whether or not training covered them, so the figure and the verdict always agree."""
+    judged = [r for r in report["rows"] if r["required"]]
+    if not judged:
+        return "no row judged"
+    row = min(judged, key=lambda r: r["ratio"] if r["low"] is None else r["low"])
+    bound = row["ratio"] if row["low"] is None else row["low"]
+    return f"lowest bound of a judged row {bound:.3f} ({row['name']}; threshold {report['threshold']:g})"
 
 
 def _job_arguments(parser: argparse.ArgumentParser, example: str = "env.num_envs=256 env.task=...") -> None:

@@ -513,11 +513,11 @@ def gate_page() -> str:
             data["gate_backend"],
             num(data["episodes"]),
             "passed" if data["passed"] else "**failed**",
-            ratio(data["transfer_ratio_in_range_lower"]),
+            lowest_judged(data),
         ]
         for title, data in reports
     ]
-    out += table(["report", "task", "gated on", "episodes per row", "verdict", "lowest in-range bound"], rows)
+    out += table(["report", "task", "gated on", "episodes per row", "verdict", "lowest judged bound"], rows)
     out += section("transfer", "Panda reach controls and Spot", ["transfer.json"])
     out += keys(bench["headline"], TRANSFER_KEYS)
     for name, title in controls.items():
@@ -536,6 +536,16 @@ def gate_page() -> str:
     return out
 
 
+def lowest_judged(data: dict) -> str:
+    """The bound the verdict hangs on: the lowest interval end (a lone episode's ratio) over the judged rows,
+    in range of training or not, with the row's name."""
+    judged = [(r["ratio"] if r["low"] is None else r["low"], r["name"]) for r in data["rows"] if r["required"]]
+    if not judged:
+        return "–"
+    bound, name = min(judged)
+    return f"{ratio(bound)} (`{name}`)"
+
+
 def report(data: dict) -> str:
     """One gate report: its verdict, the shield's interventions and every row."""
     verdict = "**passed**" if data["passed"] else "**failed** on " + ", ".join(data["failed_rows"])
@@ -544,7 +554,7 @@ def report(data: dict) -> str:
         f"{data['episodes']} episodes per row, threshold {num(data['threshold'])}. Return as trained "
         f"{num(data['reference_return'], 4)} ({num(data['unshielded_return'], 4)} without the shield; "
         f"{num(data['in_training_return'], 4)} in the run's own last evaluation). Verdict: {verdict}; lowest "
-        f"in-range bound {ratio(data['transfer_ratio_in_range_lower'])}.\n\n"
+        f"judged bound {lowest_judged(data)}.\n\n"
     )
     rules = ", ".join(f"{rule} {pct(share)}" for rule, share in data.get("shield_rule_rates", {}).items())
     out += (
