@@ -6,6 +6,7 @@ say something the program does not do; `docs/generate.py` writes them and a test
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -55,9 +56,7 @@ def cli_reference() -> str:
     return "\n".join(out)
 
 
-def _subcommands(parser) -> dict:
-    import argparse
-
+def _subcommands(parser: argparse.ArgumentParser) -> dict:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
@@ -68,7 +67,7 @@ def bundle_reference() -> str:
     """The metadata document a policy bundle carries: every field, the observation source kinds, and the
     robot section of a shipped spec as an example."""
     from q2real.contracts.schema import DIGEST_KEY, FIELDS, METADATA_KEY, SCHEMA_VERSION, robot_metadata
-    from q2real.deploy_ros.observation import SOURCE_KEYS, STREAMS
+    from q2real.deploy_ros.observation import KINDS, SOURCE_KEYS, STREAMS
     from q2real.hardware import robot_spec
 
     out = [
@@ -92,8 +91,7 @@ def bundle_reference() -> str:
         "| Kind | Keys besides `kind` | Read from |",
         "| --- | --- | --- |",
     ]
-    joint_kinds = [k for k in SOURCE_KEYS if k not in STREAMS] + [k for k in ("last_action",) if k in STREAMS]
-    for kind in [*joint_kinds, *(k for k in STREAMS if k not in joint_kinds)]:
+    for kind in KINDS:
         keys = ", ".join(f"`{k}`" for k in sorted(SOURCE_KEYS.get(kind, ()))) or "none"
         stream = STREAMS.get(kind)
         read = "joint states" if stream is None else f"the node's `{stream}` input"
