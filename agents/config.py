@@ -58,8 +58,9 @@ class TrainConfig:
     init_from: str | None = None
     """A run directory whose learner (networks, normalizer statistics, temperature) this run starts from,
     warming up with its policy; replay, optimizers and counters start afresh. A curriculum step: a policy
-    that walks, trained on under effects it never met. Algo, task, network shapes and observation and
-    action sizes must match; the env count may differ."""
+    that walks, trained on under effects it never met. Algo, task, network shapes and action sizes must
+    match, and the observation, but for policy terms appended after the source's (their input weights
+    start at zero); the env count may differ."""
     threads: int = 0
     """torch CPU threads: 0 = auto (on a CPU training device, tuned online between all cores and one, so a
     busy neighbour process cannot stall every update; recorded in meta.json), N = fixed (needed for

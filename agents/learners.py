@@ -67,20 +67,46 @@ PER_ENV_STATE = ("return_scale.ret", "episode_cost.running")
 cost): about episodes under way in the run that wrote it, so another run starts it at zero."""
 
 
-def load_learner(agent: ActorCritic, run_dir: Path, config: TrainConfig) -> dict:
+def load_learner(agent: ActorCritic, run_dir: Path, config: TrainConfig, grown: tuple[int, int] | None = None) -> dict:
     """Load the learner state of the run at `run_dir` into `agent` (networks, normalizer and batch-norm
     statistics, SAC's temperature, a Lagrange multiplier; per-env state starts at zero, so the run may
-    train another env count) and return its checkpoint."""
+    train another env count) and return its checkpoint. `grown` (column, count): the run's observation
+    lacked `count` columns at `column`, terms appended to the policy's observation since (`widened`)."""
     path = run_dir / CHECKPOINT
     state = load_checkpoint(path, agent.device)
     weights = dict(state["agent"])
     mine = agent.state_dict()
+    if grown is not None:
+        weights = widened(weights, mine, *grown)
+        state = state | {"spaces": state.get("spaces", {}) | {"obs_dim": agent.obs_dim}}
     for key in PER_ENV_STATE:
         if key in weights:
             weights[key] = torch.zeros_like(mine[key])
     check_agent_checkpoint(path, state | {"agent": weights}, config, agent)
     agent.load_state_dict(weights)
     return state
+
+
+def widened(weights: dict, mine: dict, column: int, count: int) -> dict:
+    """A learner's `weights` for an observation with `count` more columns from `column` on (terms since
+    appended to the policy's observation, which comes first in every network input, before the critic's
+    privileged terms and the action). Along the one axis where a tensor is `count` longer than stored,
+    the new entries take `mine`'s (this learner's initial normalizer and batch-norm statistics, and zero
+    for a layer's input weights, so the networks compute what they did until training moves them)."""
+    out = dict(weights)
+    for key, stored in weights.items():
+        target = mine.get(key)
+        if not isinstance(stored, torch.Tensor) or target is None or stored.shape == target.shape:
+            continue
+        axes = [a for a, (s, t) in enumerate(zip(stored.shape, target.shape, strict=True)) if s != t]
+        if len(axes) != 1 or target.shape[axes[0]] - stored.shape[axes[0]] != count:
+            continue  # left for check_shapes to name
+        axis = axes[0]
+        fresh = torch.zeros_like(target) if key.endswith("weight") else target.clone()
+        head, tail = stored.split([column, stored.shape[axis] - column], dim=axis)
+        new = fresh.narrow(axis, column, count)
+        out[key] = torch.cat([head, new, tail], dim=axis)
+    return out
 
 
 def acting(config: C) -> C:

@@ -38,7 +38,7 @@ from q2real.agents.common.replay import ReplayStorage
 from q2real.agents.common.run_dir import RunDir
 from q2real.agents.common.samplers import UniformSampler, make_sampler
 from q2real.agents.common.threads import ThreadTuner
-from q2real.agents.config import TrainConfig
+from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.distributed import PREVIOUS_CHECKPOINT, SEED_STRIDE, DataParallel, Ranks, rank_dir
 from q2real.agents.learners import build_agent, load_learner
 from q2real.agents.pql import LearnerJob, ParallelLearners
@@ -194,7 +194,7 @@ class Trainer:
     def build_agent(self) -> ActorCritic:
         agent = build_agent(self.config, self.env)
         if self.init_from is not None:
-            load_learner(agent, self.init_from, self.config)
+            load_learner(agent, self.init_from, self.config, grown_observation(self.init_from, self.env))
         return agent
 
     def make_sampler(self) -> UniformSampler:
@@ -421,6 +421,34 @@ class Trainer:
         raise CheckpointError(
             f"{folder}: no checkpoint of step {step} (rank 0's, {resume / CHECKPOINT}) for rank {self.ranks.rank}"
         )
+
+
+def grown_observation(run_dir: Path, env: VecEnv) -> tuple[int, int] | None:
+    """(column, count) of the policy observation terms `env` appends to those the run at `run_dir`
+    trained on (`init_from` a run without an `action_history`, say); None when both observe the same.
+    Any other difference is refused, naming both term lists."""
+    old = make(dataclasses.replace(load_run_config(run_dir).env, num_envs=1, device="cpu", backend="mujoco"))
+    try:
+        before, dims, policy = old.obs_names, dict(zip(old.obs_names, old.obs_dims, strict=True)), old.policy_obs_dim
+    finally:
+        old.close()
+    now = dict(zip(env.obs_names, env.obs_dims, strict=True))
+    if list(now) == list(before):
+        return None
+    policy_terms = []
+    for name in before:  # the policy's terms come first, the critic's privileged ones after
+        if sum(dims[n] for n in policy_terms) >= policy:
+            break
+        policy_terms.append(name)
+    added = [name for name in now if name not in dims]
+    if list(now) != [*policy_terms, *added, *before[len(policy_terms) :]] or env.policy_obs_dim != policy + sum(
+        now[n] for n in added
+    ):
+        raise ConfigError(
+            f"init_from: {run_dir} observed {list(before)}; this run observes {list(now)}: only policy terms "
+            "appended after the old ones can start from it"
+        )
+    return policy, sum(now[n] for n in added)
 
 
 def curve_panels(config: TrainConfig) -> tuple[Panel, ...]:

@@ -20,19 +20,29 @@ training env's randomization (the same seeds at every point):
 `--keep-best` (part of the recipe) delivers the point that falls least short of the floors instead of
 the last one: its checkpoint is kept as the run's `selected.pt`, and at the end its policy is judged
 again on other seeded episodes and randomized robots (`HELD_OUT_SEED`), because the best of several
-noisy points overstates itself on the episodes it was picked on. A run's figures are its delivered
-policy's: the kept point's held-out ones, or the last point's.
+noisy points overstates itself on the episodes it was picked on. Every run that finishes judges its
+delivered policy (the kept point's, or the last) on held-out episodes and robots (at least
+`Skill.held_out_episodes`: 32, 256 for push), as trained and again with exactly one tick of action
+latency (`latency1_` figures), each figure with its 95 % interval (`_low`, `_high`: Wilson for shares
+of episodes, a bootstrap over episodes for the errors) and, for the legged tasks, the share of ticks
+the shield changed a target by any rule (`shield_intervention`). A run's figures are its delivered
+policy's: those held-out ones, or its last point's for a run cut short.
 
 Headline keys (per task, of the recipes with 3 finished seeds or more, or of all while none has 3, the
 recipe whose median over its seeds of each seed's delivered figures falls least short of the floors,
 by the worst figure's ratio to its floor, so that a run tracking better while falling far more does
 not outrank one that stays up; that recipe's medians):
 `spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`, `gr1_stand_rate`,
-`push_success`; per run also `env_steps`, `updates`, `seconds`. A run on a BC base
-(`residual.base=`) first judges the base alone on the same episodes; `push_residual_over_bc` is the
-median over seeds of the residual's last success over its own base's, for the best-ranked recipe that
-has a base. The best run's
-policy is exported as `bench/results/skills/<task>.onnx`, its run directory kept under
+`push_success`, each with the median seed's interval (`<key>_low`, `<key>_high`) and the median at one
+tick of latency (`<key>_latency1`) where the runs recorded them; per run also `env_steps`, `updates`,
+`seconds`. From the full transfer gate on a task's bundle, when `bench/results/skills/<task>_transfer.json`
+holds one (`q2real transfer bench/results/skills/runs/<task> --ros` writes it as the run's
+`transfer.json`, copied there; replacing the bundle deletes it): `<task>_gate_passed`,
+`<task>_gate_lowest_lower`, `<task>_shield_intervention_rate`, `<task>_unshielded_ratio`. A run on a BC
+base (`residual.base=`) first judges the base alone on the same episodes, and at the end on the held-out
+ones; `push_residual_over_bc` is the median over seeds of the residual's delivered success over its own
+base's on the same episodes, for the best-ranked recipe that has a base. The best run's policy is
+exported as `bench/results/skills/<task>.onnx`, its run directory kept under
 `bench/results/skills/runs/` (networks only). Curves go to bench/results/skills.png (one line per
 recipe and seed); figures to bench/results/skills.json, whose headline is also the last line printed.
 
@@ -61,6 +71,7 @@ from q2real.agents.jobs import job_kind
 from q2real.agents.train import Trainer
 from q2real.configs.loader import load
 from q2real.gate.evaluation import export_for_run
+from q2real.gate.verdict import ratio_interval, wilson_interval
 from q2real.hardware import robot_spec
 from q2real.residual.base_env import BaseActionEnv
 from q2real.residual.bc import executed, load_bc
@@ -86,6 +97,8 @@ HELD_OUT_SEED = 778_000
 was picked on, so picking the best of several noisy points does not inflate its figures."""
 SELECTED = "selected.pt"
 """The checkpoint of the point a `--keep-best` run keeps, beside the run's own `checkpoint.pt`."""
+LATENCY1 = "latency1_"
+"""Prefix of the delivered policy's figures with exactly one tick of action latency."""
 ONLINE = "online_"
 """Prefix of a curve point's figures for the online actor, judged beside an averaged policy (`actor_average`)."""
 RATE_LIMIT = RULES.index("RATE_LIMIT")
@@ -109,6 +122,8 @@ class Skill:
     """headline key -> the figure a residual run reports as a ratio to its own base's, same episodes."""
     episodes: int = 32
     """Seeded evaluation episodes per point, unless `--episodes` says otherwise."""
+    held_out_episodes: int = 32
+    """At least this many held-out episodes judge the delivered policy (its interval's width)."""
 
     def shortfall(self, figures: dict[str, float]) -> float:
         """How far the worst figure is from its floor, as a ratio (at most 1 once every floor is met).
@@ -119,10 +134,28 @@ class Skill:
         )
 
 
+def bounds(name: str, interval: tuple[float | None, float | None]) -> dict[str, float]:
+    """A figure's 95 % interval as `<name>_low` and `<name>_high` (none for a single episode)."""
+    low, high = interval
+    return {} if low is None or high is None else {f"{name}_low": low, f"{name}_high": high}
+
+
+def brief(figures: dict[str, float]) -> str:
+    """Figures as a progress line shows them, without their intervals."""
+    return ", ".join(f"{k} {v:.3f}" for k, v in figures.items() if not k.endswith(("_low", "_high")))
+
+
+def rate_bounds(name: str, hits: torch.Tensor) -> dict[str, float]:
+    """The Wilson interval of the share of episodes where `hits` is true."""
+    return bounds(name, wilson_interval(int(hits.sum()), hits.numel()))
+
+
 @torch.no_grad()
 def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed: int = EVAL_SEED) -> dict[str, float]:
     """Tracking errors over the steps each robot is up, and the share of episodes that end fallen;
-    one episode per env, each the env's full length."""
+    one episode per env, each the env's full length. Each figure comes with its 95 % interval over the
+    episodes (bootstrap for the errors, Wilson for the rates), and with the share of ticks the shield
+    changed the policy's target by any rule (`shield_intervention`) or by its rate limit alone."""
     task = env.task
     assert isinstance(task, FloatingBaseTask)
     obs = env.reset(seed=seed)
@@ -133,6 +166,7 @@ def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed
     ang = torch.zeros(n)
     steps = torch.zeros(n)
     clamped = torch.zeros(n)
+    intervened = torch.zeros(n)
     for _ in range(env.episode_length):
         command = task.command.clone()
         result = env.step(policy(obs))
@@ -144,17 +178,24 @@ def locomotion(policy: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, seed
             ang += torch.where(counted, (w[:, 2] - command[:, 2]).abs(), 0.0)
         steps += counted.float()
         if "shield_rules" in result.info:  # the rate limit's share is what a gait leaning on it shows
-            clamped += (counted & result.info["shield_rules"][:, RATE_LIMIT]).float()
+            rules = result.info["shield_rules"]
+            clamped += (counted & rules[:, RATE_LIMIT]).float()
+            intervened += (counted & rules.any(-1)).float()
         fell |= up & result.terminated
         up &= ~result.done
         obs = result.obs
     total = float(steps.sum().clamp_min(1))
     return {
         "tracking_error_lin": float(lin.sum()) / total,
+        **bounds("tracking_error_lin", ratio_interval(lin, steps)),
         "tracking_error_ang": float(ang.sum()) / total,
+        **bounds("tracking_error_ang", ratio_interval(ang, steps)),
         "fall_rate": float(fell.float().mean()),
+        **rate_bounds("fall_rate", fell),
         "stand_rate": float(1 - fell.float().mean()),
+        **rate_bounds("stand_rate", ~fell),
         "rate_limited": float(clamped.sum()) / total,
+        "shield_intervention": float(intervened.sum()) / total,
     }
 
 
@@ -164,7 +205,11 @@ def manipulation(
 ) -> dict[str, float]:
     episodes = evaluate_episodes(policy, env, seed)
     assert episodes.success is not None, f"{env.config.task} has no success test"
-    return {"success": float(episodes.success.float().mean()), "return": float(episodes.returns.mean())}
+    return {
+        "success": float(episodes.success.float().mean()),
+        **rate_bounds("success", episodes.success),
+        "return": float(episodes.returns.mean()),
+    }
 
 
 SKILLS_BY_TASK = {
@@ -185,6 +230,7 @@ SKILLS_BY_TASK = {
         {"success": 0.6},
         over_base={"push_residual_over_bc": "success"},
         episodes=64,
+        held_out_episodes=256,
     ),
 }
 
@@ -224,11 +270,11 @@ class SkillCurve(Callback):
         began = time.monotonic()
         agent = trainer.agent
         figures = self.skill.measure(judged_policy(agent, self.env), self.env, EVAL_SEED)
-        shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
+        shown = brief(figures)
         if agent.actor_average is not None:  # the online actor on the same episodes: what averaging bought
             online = self.skill.measure(judged_policy(agent, self.env, averaged=False), self.env, EVAL_SEED)
             figures |= {f"{ONLINE}{k}": v for k, v in online.items()}
-            shown += " (online actor: " + ", ".join(f"{k} {v:.3f}" for k, v in online.items()) + ")"
+            shown += f" (online actor: {brief(online)})"
         point = {"env_steps": trainer.step, "updates": agent.updates, "seconds": began - self.start}
         self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
         print(f"  skill at {trainer.step:,} env steps, {point['seconds'] / 60:.1f} min: {shown}", flush=True)
@@ -293,10 +339,11 @@ def run(
     skill = SKILLS_BY_TASK[task]
     env = eval_env(config, episodes)
     base: dict[str, float] | None = None
-    if isinstance(config, ResidualTrainConfig) and config.residual.base:
+    base_dir = config.residual.base if isinstance(config, ResidualTrainConfig) else None
+    if base_dir:
         # The base alone on the episodes every point of the residual is judged on; then the residual's
         # policy sees what it trains on, each observation with the base's action appended.
-        base, env = judge_base(skill, config.residual.base, env)
+        base, env = judge_base(skill, base_dir, env)
     trainer: Trainer | None = None  # set before the first point is judged
     kept: dict | None = None
 
@@ -325,28 +372,51 @@ def run(
         env.close()
     if curve.kept is not None:
         kept = {k: curve.kept[k] for k in ("env_steps", "updates", "seconds")}
-        kept["figures"] = judge_kept(skill, config, episodes, trainer, curve.kept_weights)
-    return result(True)
-
-
-def judge_kept(
-    skill: Skill, config: TrainConfig, episodes: int, trainer: Trainer, weights: dict[str, torch.Tensor]
-) -> dict[str, float]:
-    """The kept learner's figures on `HELD_OUT_SEED`'s episodes and randomized robots."""
-    trainer.agent.load_state_dict(weights)
-    env = eval_env(config, episodes, HELD_OUT_SEED)
-    try:
-        figures = skill.measure(judged_policy(trainer.agent, env), env, HELD_OUT_SEED)
-    finally:
+        trainer.agent.load_state_dict(curve.kept_weights)
+    n = max(episodes, skill.held_out_episodes)
+    held_out = judge_held_out(skill, config, n, trainer.agent)
+    if kept is not None:
+        kept["figures"] = held_out
+    judged: dict[str, object] = {"held_out": held_out, "held_out_episodes": n}
+    if base_dir:  # the residual over its base on the same held-out episodes
+        judged["held_out_base"], env = judge_base(skill, base_dir, eval_env(config, n, HELD_OUT_SEED), HELD_OUT_SEED)
         env.close()
-    print("  kept point on held-out episodes: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
+    return result(True) | judged
+
+
+def judge_held_out(skill: Skill, config: TrainConfig, episodes: int, agent) -> dict[str, float]:
+    """The delivered learner's figures on `HELD_OUT_SEED`'s episodes and randomized robots, under the
+    training randomization and again with exactly one tick of action latency (`LATENCY1` figures): the
+    tick every real actuator chain adds, which a run trained without latency never met."""
+    figures: dict[str, float] = {}
+    for prefix, latency in (("", None), (LATENCY1, (1, 1))):
+        env = judged_env(config, episodes, HELD_OUT_SEED, latency)
+        try:
+            measured = skill.measure(judged_policy(agent, env), env, HELD_OUT_SEED)
+        finally:
+            env.close()
+        figures |= {prefix + k: v for k, v in measured.items()}
+    print(f"  delivered policy on {episodes} held-out episodes: {brief(figures)}", flush=True)
     return figures
 
 
-def judge_base(skill: Skill, base_dir: str, env: VecEnv) -> tuple[dict[str, float], VecEnv]:
-    """The BC base's figures on `env`'s seeded episodes, and `env` extended with the base's action."""
+def judged_env(config: TrainConfig, episodes: int, seed: int, latency: tuple[int, int] | None = None) -> VecEnv:
+    """`eval_env`, with `latency` ticks of action latency instead of the training range if given, and
+    the base's action appended for a residual on a BC base (what its policy acts on)."""
+    if latency is not None:
+        randomization = dataclasses.replace(config.env.randomization, action_latency=latency)
+        config = dataclasses.replace(config, env=dataclasses.replace(config.env, randomization=randomization))
+    env = eval_env(config, episodes, seed)
+    if isinstance(config, ResidualTrainConfig) and config.residual.base:
+        _, base, _ = load_bc(config.residual.base)
+        return BaseActionEnv(env, base, base.action_dim * base.chunk)
+    return env
+
+
+def judge_base(skill: Skill, base_dir: str, env: VecEnv, seed: int = EVAL_SEED) -> tuple[dict[str, float], VecEnv]:
+    """The BC base's figures on `env`'s `seed` episodes, and `env` extended with the base's action."""
     base_config, base, _ = load_bc(base_dir)
-    figures = skill.measure(executed(base, base_config, env), env, EVAL_SEED)
+    figures = skill.measure(executed(base, base_config, env), env, seed)
     print(f"  base {base_dir}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
     return figures, BaseActionEnv(env, base, base.action_dim * base.chunk)
 
@@ -357,6 +427,8 @@ def keep(run_dir: str | Path, name: str, checkpoint: bool = True, selected: bool
     `selected`: the run's `SELECTED` checkpoint is the one kept and exported, not its last."""
     kept = SKILLS / "runs" / name
     shutil.rmtree(kept, ignore_errors=True)
+    for judged in (SKILLS / f"{name}_transfer.json", SKILLS / f"{name}_transfer.png"):
+        judged.unlink(missing_ok=True)  # the gate judged the bundle this replaces
     skipped = ["events.*", "*.tmp", SELECTED, *([] if checkpoint and not selected else ["checkpoint*"])]
     shutil.copytree(run_dir, kept, ignore=shutil.ignore_patterns(*skipped))
     if selected:
@@ -381,9 +453,9 @@ def best(scores: dict[K, float]) -> K:
 
 
 def delivered(run: dict) -> dict[str, float]:
-    """The figures of the policy a run delivers: its kept point's on held-out episodes for a
-    `--keep-best` run that finished, else its last point's."""
-    return run["kept"]["figures"] if run.get("kept") else run["final"]
+    """The figures of the policy a run delivers (its kept point's for a `--keep-best` run, else its last
+    point's): on held-out episodes once the run finished, else as its last point was judged."""
+    return run.get("held_out") or (run["kept"]["figures"] if run.get("kept") else run["final"])
 
 
 def best_run(task: str, recipes: dict[str, dict]) -> tuple[str, str]:
@@ -412,6 +484,17 @@ def median(runs: dict[str, dict], figure: Callable[[dict[str, float]], float]) -
     return statistics.median(figure(delivered(run)) for run in runs.values())
 
 
+def beside(key: str, figure: str, runs: dict[str, dict]) -> dict[str, float]:
+    """What goes beside a headline median: the 95 % interval of the median seed's figure (`<key>_low`,
+    `<key>_high`) and the median with one tick of latency (`<key>_latency1`), where the runs have them."""
+    ordered = sorted((delivered(run) for run in runs.values()), key=lambda figures: figures[figure])
+    middle = ordered[(len(ordered) - 1) // 2]
+    out = {f"{key}_{end}": middle[f"{figure}_{end}"] for end in ("low", "high") if f"{figure}_{end}" in middle}
+    if all(f"{LATENCY1}{figure}" in figures for figures in ordered):
+        out[f"{key}_latency1"] = statistics.median(figures[f"{LATENCY1}{figure}"] for figures in ordered)
+    return out
+
+
 def headline(tasks: dict[str, dict]) -> dict[str, object]:
     """Per task, the recipe whose median shortfall over its seeds is smallest (of those `ranked`), with
     its median figures."""
@@ -422,6 +505,7 @@ def headline(tasks: dict[str, dict]) -> dict[str, object]:
         recipe = best({name: median(r["seeds"], skill.shortfall) for name, r in ranked(recipes).items()})
         for key, figure in skill.headline.items():
             out[key] = median(recipes[recipe]["seeds"], lambda final, figure=figure: final[figure])
+            out |= beside(key, figure, recipes[recipe]["seeds"])
         out[f"{task}_recipe"] = recipe
         # Residual runs against their own bases: the best-ranked recipe among those that have one.
         over = ranked({name: r for name, r in recipes.items() if all(run.get("base") for run in r["seeds"].values())})
@@ -429,9 +513,34 @@ def headline(tasks: dict[str, dict]) -> dict[str, object]:
             recipe = best({name: median(r["seeds"], skill.shortfall) for name, r in over.items()})
             for key, figure in skill.over_base.items():
                 out[key] = statistics.median(
-                    delivered(run)[figure] / max(run["base"][figure], 1e-9) for run in over[recipe]["seeds"].values()
+                    delivered(run)[figure] / max((run.get("held_out_base") or run["base"])[figure], 1e-9)
+                    for run in over[recipe]["seeds"].values()
                 )
             out[f"{task}_residual_recipe"] = recipe
+    return out
+
+
+def gate_figures(tasks: dict[str, dict]) -> dict[str, object]:
+    """Per task, what the full transfer gate (`q2real transfer`, committed as `<task>_transfer.json`)
+    said of the task's bundle: passed, the lowest lower bound of a judged row, how often the shield
+    changed a target (the worse of the gate's episodes and the node's) and the return without the
+    shield over the return with it. `keep` deletes a gate's file when it replaces the bundle it judged."""
+    out: dict[str, object] = {}
+    for task in tasks:
+        path = SKILLS / f"{task}_transfer.json"
+        if not path.is_file():
+            continue
+        gate = json.loads(path.read_text())
+        judged = [row for row in gate["rows"] if row["required"]]
+        rates = [
+            gate[k] for k in ("shield_intervention_rate", "ros_shield_intervention_rate") if gate.get(k) is not None
+        ]
+        out[f"{task}_gate_passed"] = gate["passed"]
+        out[f"{task}_gate_lowest_lower"] = min(row["ratio"] if row["low"] is None else row["low"] for row in judged)
+        if rates:
+            out[f"{task}_shield_intervention_rate"] = max(rates)
+        if gate.get("unshielded_return") is not None:
+            out[f"{task}_unshielded_ratio"] = gate["unshielded_return"] / gate["reference_return"]
     return out
 
 
@@ -551,7 +660,7 @@ def main() -> None:
         tasks[args.task]["best_run"] = {"recipe": best[0], "seed": int(best[1])}
         if result["complete"] and best == (args.recipe, str(args.seed)):
             keep(result["run_dir"], args.task, selected=bool(result.get("kept")))
-        figures = headline(tasks)
+        figures = headline(tasks) | gate_figures(tasks)
         write_atomically(path, json.dumps(figures | {"tasks": tasks}, indent=2))
         plot(tasks, RESULTS / "skills.png")
         return tasks
@@ -560,7 +669,7 @@ def main() -> None:
         args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides, save, preset, args.keep_best
     )
     tasks = save(result)
-    figures = headline(tasks)
+    figures = headline(tasks) | gate_figures(tasks)
     print(f"\n{'task':<15} {'recipe':<16} {'seed':>4} {'env steps':>10} {'updates':>9} {'minutes':>8}  final")
     for task, data in sorted(tasks.items()):
         for name, recipe_ in sorted(data["recipes"].items()):

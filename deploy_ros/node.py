@@ -184,6 +184,8 @@ class PolicyNode:
             f"{self.observation.command_dim} values there (std_msgs/Float64MultiArray)"
         )
         self._last_action = np.zeros(self.bundle.info.action_dim, dtype=np.float32)
+        self._action_history = np.zeros(self.observation.history_ticks * self._last_action.size, dtype=np.float32)
+        """The policy's outputs before its previous one, newest first, for `action_history` terms."""
         chunk, width = self.bundle.info.chunk, self.bundle.info.action_dim
         self._chunks = ChunkQueue(chunk, 1, width, np) if chunk.size > 1 else None
         """A chunk policy's actions still to come; the policy runs only on the ticks it is due."""
@@ -396,7 +398,8 @@ class PolicyNode:
         obs = raw = None
         policy_time = None
         if sample is not None and shield.mode == Mode.RUN:
-            inputs = {"last_action": self._last_action, "command": self._task_command} | self.inputs.values(reading.now)
+            inputs = {"last_action": self._last_action, "action_history": self._action_history}
+            inputs |= {"command": self._task_command} | self.inputs.values(reading.now)
             obs = self.observation(sample.position[self._obs_rows], sample.velocity[self._obs_rows], inputs).copy()
             times.stamp(COLUMN["observed"], time.monotonic())
             raw, policy_time = self._run_policy(obs)
@@ -459,6 +462,7 @@ class PolicyNode:
                 # A new run starts at the default pose, an action of zeros: no previous run's last output
                 # and no chunk predicted before it.
                 self._last_action[:] = 0.0
+                self._action_history[:] = 0.0
                 if self._chunks is not None:
                     self._chunks.clear(np.ones(1, dtype=bool))
             self._hold_back(fault[0] if fault is not None else "")
@@ -555,6 +559,9 @@ class PolicyNode:
         if finite:
             if self.learning is not None and chunks is None:
                 raw = self.learning.explore(raw)
+            if self._action_history.size:
+                self._action_history[self._last_action.size :] = self._action_history[: -self._last_action.size]
+                self._action_history[: self._last_action.size] = self._last_action
             self._last_action[:] = clip(raw, -1.0, 1.0)
         return raw, policy_time
 

@@ -8,6 +8,9 @@ or is refused before the robot moves:
   joint_velocity           q dot of the listed joints
   joint_position_cos_sin   cos q of the listed joints, then sin q (angles without the wrap at +-pi)
   last_action              the policy's previous output in [-1, 1] (zeros before the first)
+  action_history           its outputs of the ticks before that, newest first (dim: a multiple of the
+                           action's), zeros where there were none: with `last_action`, the actions an
+                           actuator chain with a few ticks of latency has yet to carry out
   command                  the task command (e.g. a target), from the command input; `ranges` (one
                            [lower, upper] per value, the box training drew commands from) bounds
                            what the node takes
@@ -39,6 +42,7 @@ from q2real.contracts.schema import BundleError, brief
 JOINT_KINDS = ("joint_position", "joint_velocity", "joint_position_cos_sin", "body_point")
 STREAMS = {
     "last_action": "last_action",
+    "action_history": "last_action",
     "command": "command",
     "projected_gravity": "imu",
     "base_angular_velocity": "imu",
@@ -215,6 +219,9 @@ class ObservationBuilder:
                 expected = {"joint_position_cos_sin": 2 * len(names), "body_point": 3}.get(kind, len(names))
             elif kind == "last_action":
                 expected = self.action_dim
+            elif kind == "action_history":
+                whole = dim > 0 and dim % self.action_dim == 0
+                expected = dim if whole else f"a positive multiple of {self.action_dim}"
             else:
                 expected = _FIXED_DIM.get(kind, dim)
             if dim != expected:
@@ -260,6 +267,8 @@ class ObservationBuilder:
         """(command_dim, 2) lower/upper bounds of each command value the node takes."""
         self.joints = tuple(joints)
         """Every joint the observation reads, actuated or not (e.g. a passive pole's encoder)."""
+        self.history_ticks = max((t.dim // self.action_dim for t in parsed if t.kind == "action_history"), default=0)
+        """How many outputs before the previous one the node keeps for the `action_history` terms."""
         self.streams = frozenset(STREAMS[t.kind] for t in parsed if t.kind in STREAMS) - {"last_action"}
         """The input streams besides joint states this bundle reads: 'command', 'imu', ..."""
         self.buffer = np.zeros((1, self.dim), dtype=np.float32)
@@ -306,8 +315,8 @@ class ObservationBuilder:
 
     def __call__(self, position: np.ndarray, velocity: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """The observation for joint states in `self.joints` order and the latest input values by kind
-        ('last_action', 'command' with all command terms concatenated in term order, 'projected_gravity',
-        ...); returns the (reused) buffer."""
+        ('last_action', 'action_history' as long as the longest such term, 'command' with all command terms
+        concatenated in term order, 'projected_gravity', ...); returns the (reused) buffer."""
         out = self.buffer[0]
         plan = self._joint_plan
         _joint_terms(position, velocity, out, plan.kinds, plan.starts, plan.counts, plan.index, plan.first, plan.offset)
@@ -320,5 +329,5 @@ class ObservationBuilder:
                 value = inputs.get(kind)
                 if value is None:
                     raise ValueError(f"observation term '{term.name}' needs a '{kind}' input and none was given")
-                out[span] = value[term.index] if kind == "command" else value
+                out[span] = value[term.index] if kind == "command" else value[: term.dim]
         return self.buffer

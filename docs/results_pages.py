@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from q2real.gate.verdict import wilson_interval
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
@@ -164,13 +166,6 @@ def machine(facts: dict[str, Any]) -> str:
     )
 
 
-def wilson(share: float, n: int) -> tuple[float, float]:
-    """The 95 % Wilson score interval of a share of `n` episodes."""
-    z = 1.959964
-    centre, spread = share + z * z / (2 * n), z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
-    return (centre - spread) / (1 + z * z / n), (centre + spread) / (1 + z * z / n)
-
-
 # Skills
 
 
@@ -252,14 +247,26 @@ def shown(figure: str, value: float, episodes: int | None = None) -> str:
         return f"{num(value)} {unit}".strip()
     if figure not in EPISODE_SHARES or not episodes:
         return pct(value)
-    low, high = wilson(value, episodes)
+    low, high = wilson_interval(round(value * episodes), episodes)
     return f"{pct(value)} ({round(value * episodes)} of {episodes}) [{100 * low:.0f}, {100 * high:.0f}]"
 
 
 def delivered(run: dict) -> dict[str, float]:
-    """The figures of the policy a run delivers, as bench/skills.py judges them: the kept point's on
-    held-out episodes for a `--keep-best` run, else its last point's."""
-    return run["kept"]["figures"] if run.get("kept") else run["final"]
+    """The figures of the policy a run delivers, as bench/skills.py judges them: on held-out episodes
+    once the run finished (its kept point's for a `--keep-best` run), else its last point's."""
+    return run.get("held_out") or (run["kept"]["figures"] if run.get("kept") else run["final"])
+
+
+def judged_on(run: dict) -> str:
+    """Which episodes a run's delivered figures come from."""
+    if run.get("held_out") or run.get("kept"):
+        return "held-out episodes"
+    return "the last point's episodes"
+
+
+def held_out_episodes(run: dict) -> int | None:
+    """How many episodes judged a run's delivered figures."""
+    return run.get("held_out_episodes", run.get("episodes"))
 
 
 def skills_page() -> str:
@@ -273,7 +280,10 @@ def skills_page() -> str:
         "randomization. A `--keep-best` run delivers the point that falls least short of the floors, judged "
         "again on other seeded episodes and randomized robots (held out), because the best of several noisy "
         "points overstates itself on the episodes it was picked on; any other run delivers its last point. "
-        "Shares of episodes carry their 95 % Wilson interval where the run records its episode count.\n\n"
+        "A run that finished since runs record it judges its delivered policy on held-out episodes and "
+        "robots (at least 32, 256 for `panda_push`), as trained and again with exactly one tick of action "
+        "latency. Shares of episodes carry their 95 % Wilson interval where the run records its episode "
+        "count, and a headline the interval of its median seed where that seed recorded one.\n\n"
     )
     out += section("skills", "Headline", ["skills.json", "skills.png", "skills/"], lead=False)
     out += (
@@ -290,12 +300,19 @@ def skills_page() -> str:
         for key, figure in skill.headline.items():
             runs = recipes[data[f"{task}_recipe"]]["seeds"].values()
             seeds = [delivered(run)[figure] for run in runs]
-            judged = "held-out episodes" if all(run.get("kept") for run in runs) else "the last point's episodes"
+            judged = (
+                "held-out episodes"
+                if all(judged_on(run) == "held-out episodes" for run in runs)
+                else ("the last point's episodes")
+            )
+            interval = f" [{num(data[key + '_low'])}, {num(data[key + '_high'])}]" if key + "_low" in data else ""
+            latency = shown(figure, data[key + "_latency1"]) if key + "_latency1" in data else "–"
             rows.append(
                 [
                     code(task),
                     code(key),
-                    f"**{shown(figure, data[key])}**",
+                    f"**{shown(figure, data[key])}**{interval}",
+                    latency,
                     f"{shown(figure, min(seeds))} – {shown(figure, max(seeds))} ({len(seeds)} seeds)",
                     code(data[f"{task}_recipe"]),
                     judged,
@@ -313,6 +330,7 @@ def skills_page() -> str:
                     code(task),
                     code(key),
                     f"**{num(data[key])}x**",
+                    "–",
                     f"{num(min(seeds))}x – {num(max(seeds))}x ({len(seeds)} seeds)",
                     code(data[f"{task}_residual_recipe"]),
                     "its base's episodes",
@@ -320,8 +338,29 @@ def skills_page() -> str:
                     num(data[key] > 1),
                 ]
             )
-    header = ["task", "key", "headline", "seeds", "recipe", "judged on", "floor", "met"]
-    out += table(header, rows)
+    header = ["task", "key", "headline [median seed's 95 % interval]", "at 1 tick of latency", "seeds", "recipe"]
+    out += table([*header, "judged on", "floor", "met"], rows)
+    gated = [task for task in skills if f"{task}_gate_passed" in data]
+    if gated:
+        out += (
+            "The full transfer gate on each bundle (`q2real transfer bench/results/skills/runs/TASK --ros`, "
+            "[Transfer gate](gate.md)): whether it passed, the lowest lower bound of a judged row, how often "
+            "the shield changed a target (the worse of the gate's episodes and the node's), and the return "
+            "without the shield over the return with it.\n\n"
+        )
+        rows = [
+            [
+                code(task),
+                num(data[f"{task}_gate_passed"]),
+                num(data[f"{task}_gate_lowest_lower"]),
+                pct(data.get(f"{task}_shield_intervention_rate")),
+                num(data.get(f"{task}_unshielded_ratio")),
+            ]
+            for task in gated
+        ]
+        out += table(
+            ["task", "gate passed", "lowest lower bound", "shield intervention", "unshielded / shielded"], rows
+        )
     out += image("skills.png", "each skill's figures against env steps, one line per recipe and seed")
     gifs = found("videos/*.gif")
     if gifs:
@@ -352,10 +391,12 @@ def skill_runs(task: str, data: dict, skill: Skill) -> str:
     for name, seed, run in runs:
         figures = delivered(run)
         judged = f"held out, point at {steps(run['kept']['env_steps'])}" if run.get("kept") else "last point"
+        judged += ", held out" if run.get("held_out") and not run.get("kept") else ""
         if run.get("complete") is False:
             judged += " (cut short)"
         cells = [code(name), seed, steps(run["env_steps"]), steps(run["updates"]), f"{run['seconds'] / 60:.0f}", judged]
-        cells += [shown(f, figures[f], run.get("episodes")) if f in figures else "–" for f in [*skill.floors, *extra]]
+        count = held_out_episodes(run)
+        cells += [shown(f, figures[f], count) if f in figures else "–" for f in [*skill.floors, *extra]]
         if based:
             base = run.get("base")
             cells.append(shown("success", base["success"], run.get("episodes")) if base else "–")
@@ -379,7 +420,7 @@ def skill_runs(task: str, data: dict, skill: Skill) -> str:
                         steps(run["kept"]["env_steps"]),
                         FIGURES[f][0],
                         shown(f, picked[f]) if f in picked else "–",
-                        shown(f, run["kept"]["figures"][f], run.get("episodes")),
+                        shown(f, run["kept"]["figures"][f], held_out_episodes(run)),
                         shown(f, run["final"][f]),
                     ]
                 )

@@ -72,8 +72,11 @@ def shielded_returns(
     ticks = interventions = 0
     change = 0.0
     scale, offset = shields[0].scale, shields[0].offset
-    # A `last_action` term is the policy's own previous output on the robot; the env saw the shield's.
-    last = env.term_columns("last_action")
+    # `last_action` and `action_history` terms are the policy's own previous outputs on the robot (as the
+    # node keeps them); the env saw the shield's.
+    last, history = env.term_columns("last_action"), env.term_columns("action_history")
+    outputs = np.zeros((env.num_envs, 0 if history is None else history.stop - history.start))
+    previous = np.zeros((env.num_envs, env.action_dim))
     t = 0.0
     for shield, q, qd in zip(shields, *_joints(task, physics), strict=True):
         shield.tick(names, q, qd, t, t)
@@ -110,8 +113,12 @@ def shielded_returns(
             ended(int((result.done.cpu() & ~finished).sum()))
         finished |= result.done.cpu()
         obs = result.obs
+        if history is not None:
+            outputs = np.concatenate([previous, outputs], axis=1)[:, : outputs.shape[1]]
+            obs[:, history] = torch.from_numpy(outputs).to(obs)
+        previous = np.clip(actions, -1.0, 1.0)
         if last is not None:
-            obs[:, last] = torch.from_numpy(np.clip(actions, -1.0, 1.0)).to(obs)
+            obs[:, last] = torch.from_numpy(previous).to(obs)
         t += dt
     rules = {name: n / max(ticks, 1) for name, n in fired.items() if n}
     return Episodes(returns, costs, interventions / max(ticks, 1), change / max(ticks, 1), rules, env.has_cost)

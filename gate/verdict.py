@@ -3,6 +3,7 @@ paired bootstrap interval, and a pass when the interval's lower end clears the t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,17 @@ def ratio_interval(returns: torch.Tensor, reference: torch.Tensor, seed: int = 0
     ratios = returns.double()[index].mean(1) / reference.double()[index].mean(1)
     low, high = torch.quantile(ratios, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     return low, high
+
+
+def wilson_interval(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a rate of `hits` in `n` episodes: unlike the normal approximation it
+    stays inside [0, 1] and does not collapse to a point at 0 or n hits (no falls in 32 is not 0 %)."""
+    if n < 1:
+        raise ValueError(f"a rate needs at least one episode, got {n}")
+    rate, spread = hits / n, z * z / n
+    centre = (rate + spread / 2) / (1 + spread)
+    half = z * math.sqrt(rate * (1 - rate) / n + spread / (4 * n)) / (1 + spread)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def judged(

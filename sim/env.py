@@ -18,7 +18,7 @@ from q2real.sim.shield_clamps import ShieldClamps
 from q2real.sim.task import Task
 from q2real.sim.vec_env import StepResult, VecEnv
 
-EXACT_SOURCES = frozenset({"command", "velocity_command", "last_action"})
+EXACT_SOURCES = frozenset({"command", "velocity_command", "last_action", "action_history"})
 """Observation sources that reach the node as numbers (an operator's command, its own last output), not
 from a sensor: sensor noise and bias never touch them."""
 
@@ -110,6 +110,7 @@ class TaskEnv(VecEnv):
         self._xfrc = torch.zeros(n, model.nbody, 6, device=self.device)
 
         self.task.last_action = torch.zeros(n, self.action_dim, device=self.device)
+        self.task.action_history = torch.zeros(n, self.task.action_history.shape[1], device=self.device)
         self.physics = self.backend.set_state(*self._initial(torch.ones(n, dtype=torch.bool)))
         """The true physical state after the last reset or step (after auto-resets), for tools that act
         like a robot's drivers (the transfer gate's shields read joint states from it)."""
@@ -197,12 +198,16 @@ class TaskEnv(VecEnv):
         self._since_push.zero_()
         self._action_queue.zero_()
         self.task.last_action.zero_()
+        self.task.action_history.zero_()
         if self._clamps is not None:
             self._clamps.reset(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         return self._observe(physics)
 
     def step(self, action: torch.Tensor) -> StepResult:
         applied = self.task.target_action(self.check_action(action))
+        if self.task.action_history.shape[1]:
+            history = torch.cat([self.task.last_action, self.task.action_history], dim=-1)
+            self.task.action_history = history[:, : self.task.action_history.shape[1]]
         self.task.last_action = applied  # what the policy asked for (clipped), as the node keeps it
         if self._action_queue.shape[1] > 1:
             self._action_queue = torch.roll(self._action_queue, 1, dims=1)
@@ -251,6 +256,7 @@ class TaskEnv(VecEnv):
             self._steps[done] = 0
             self._action_queue[done] = 0.0
             self.task.last_action = torch.where(done[:, None], 0.0, self.task.last_action)
+            self.task.action_history = torch.where(done[:, None], 0.0, self.task.action_history)
             if self._clamps is not None:
                 self._clamps.reset(done)
             result.obs = torch.where(done[:, None], self._observe(physics), next_obs)
@@ -265,6 +271,7 @@ class TaskEnv(VecEnv):
             "generator": self._gen.get_state(),
             "command": self.task.command.cpu(),
             "last_action": self.task.last_action.cpu(),
+            "action_history": self.task.action_history.cpu(),
             "pushes": torch.stack([self._since_push, self._push_gap]).cpu(),
         } | ({"shield_previous": self._clamps.previous.cpu()} if self._clamps is not None else {})
 
@@ -275,6 +282,7 @@ class TaskEnv(VecEnv):
         self._gen.set_state(state["generator"])
         self.task.command = state["command"].to(self.device)
         self.task.last_action = state["last_action"].to(self.device)
+        self.task.action_history = state["action_history"].to(self.device)
         self._since_push.copy_(state["pushes"][0])
         self._push_gap.copy_(state["pushes"][1])
         if self._clamps is not None:

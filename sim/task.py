@@ -18,6 +18,7 @@ from q2real.hardware.spec import SpecError
 from q2real.safety.shield import ShieldConfig
 from q2real.sim.action_steps import KEY as STEPS_KEY
 from q2real.sim.action_steps import ActionSteps
+from q2real.sim.kinematics import BodyPoint
 from q2real.sim.physics import PhysicsState
 from q2real.sim.reward import RewardScales, WeighedReward, weigh
 
@@ -42,6 +43,12 @@ class TaskConfig:
     previous target is the default pose) to the observation, as the deploy node's `last_action` term
     does. The shield's rate limit is a window around the previous target: a policy that cannot see it
     cannot learn to stay inside it."""
+    action_history: int = 0
+    """Also observe the policy's actions of the `action_history` ticks before its previous one (newest
+    first, zeros at an episode's start), as the deploy node's `action_history` term. With
+    `observe_last_action`, which it needs, the policy then sees every action still in flight under up to
+    `action_history + 1` ticks of action latency (`randomization.action_latency`), which it must know
+    to act well under latency: an actuator chain moves on what was asked a few ticks ago."""
     action_rate: float | None = None
     """Actions as steps, for position-controlled robots: the target moves from the previous one by
     `action * action_rate` of the shield's rate window (velocity limit x control period), kept inside
@@ -120,6 +127,13 @@ class Task(ABC):
         """The current command of every env (num_envs, command_dim); no rows before the first reset."""
         self.last_action = torch.zeros(0, self.action_dim, device=device)
         """The policy's previous action of every env (num_envs, action_dim), kept by the env."""
+        if config.action_history < 0 or (config.action_history and not config.observe_last_action):
+            raise ConfigError(
+                "env.task_params.action_history: expected 0, or a number of ticks >= 1 with observe_last_action: "
+                f"true (the history goes on from the previous action), got {config.action_history}"
+            )
+        self.action_history = torch.zeros(0, config.action_history * self.action_dim, device=device)
+        """The actions before the previous one, newest first (num_envs, action_history * action_dim)."""
 
     def _action_steps(self, spec: RobotSpec, config: TaskConfig, scale, offset) -> ActionSteps | None:
         if config.action_rate is None:
@@ -189,6 +203,11 @@ class Task(ABC):
         offset = self.model.site_pos[index].tolist()
         return {"kind": "body_point", "joints": self.spec.joint_names, "body": body, "offset": offset}
 
+    def site_kinematics(self, site: str) -> BodyPoint:
+        """The site's world position from joint positions, the `site_point` the node computes."""
+        point = self.site_point(site)
+        return BodyPoint(self.model, point["body"], point["offset"], self.device)
+
     @abstractmethod
     def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:
         """The reward's named terms (num_envs,) after a step taken with `action` (the action that reached
@@ -226,16 +245,25 @@ class Task(ABC):
         return torch.zeros(physics.qpos.shape[0], dtype=torch.bool, device=self.device)
 
     def observed_terms(self, physics: PhysicsState) -> dict[str, torch.Tensor]:
-        """The task's observation terms, then the previous action where the config asks for it."""
-        terms = self.observation_terms(physics)
-        return terms | {"last_action": self.last_action} if self.config.observe_last_action else terms
+        """The task's observation terms, then the previous actions where the config asks for them."""
+        terms = dict(self.observation_terms(physics))
+        if self.config.observe_last_action:
+            terms["last_action"] = self.last_action
+        if self.config.action_history:
+            terms["action_history"] = self.action_history
+        return terms
 
     def observed_sources(self) -> dict[str, dict] | None:
         """`observation_sources` for `observed_terms`."""
         sources = self.observation_sources()
-        if sources is None or not self.config.observe_last_action:
+        if sources is None:
             return sources
-        return sources | {"last_action": {"kind": "last_action"}}
+        sources = dict(sources)
+        if self.config.observe_last_action:
+            sources["last_action"] = {"kind": "last_action"}
+        if self.config.action_history:
+            sources["action_history"] = {"kind": "action_history"}
+        return sources
 
     def observe(self, physics: PhysicsState) -> torch.Tensor:
         return torch.cat(list(self.observed_terms(physics).values()), dim=-1)

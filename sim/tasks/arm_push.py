@@ -31,7 +31,7 @@ from q2real.hardware import RobotSpec
 from q2real.sim.physics import PhysicsState
 from q2real.sim.reward import RewardScales
 from q2real.sim.task import Task, TaskConfig
-from q2real.sim.tasks.arm_reach import END_EFFECTOR, sensor_slice
+from q2real.sim.tasks.arm_reach import END_EFFECTOR
 
 CUBE_HALF_SIZE = 0.025
 PUSHER_RADIUS = 0.02
@@ -89,7 +89,7 @@ class ArmPush(Task):
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmPushConfig, device: torch.device):
         super().__init__(spec, model, config, device)
-        self._ee = sensor_slice(model, END_EFFECTOR)
+        self._ee = self.site_kinematics("pusher")
         cube = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, "cube")
         self._cube_q, self._cube_v = int(model.jnt_qposadr[cube]), int(model.jnt_dofadr[cube])
 
@@ -117,9 +117,6 @@ class ArmPush(Task):
             conaffinity=1,
             rgba=(0.8, 0.2, 0.2, 1),
         )
-        mjspec.add_sensor(
-            name=END_EFFECTOR, type=mujoco.mjtSensor.mjSENS_FRAMEPOS, objtype=mujoco.mjtObj.mjOBJ_SITE, objname="pusher"
-        )
 
     def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
         return self._uniform_box(gen, self.config.target_low, self.config.target_high, num_envs)
@@ -139,7 +136,7 @@ class ArmPush(Task):
         return {
             "joint_position": physics.qpos[:, self.qpos_index],
             "joint_velocity": physics.qvel[:, self.qvel_index],
-            "end_effector": physics.sensordata[:, self._ee],
+            "end_effector": self._ee(physics.qpos),
             "cube_position": self.cube_position(physics),
             "target": self.command,
         }
@@ -181,6 +178,6 @@ class ArmPush(Task):
             return {"success": self.success(physics).float()}
         cube = self.cube_position(physics)
         scale = self.config.distance_scale
-        reach = 1 - torch.tanh((physics.sensordata[:, self._ee] - self.approach_point(cube)).norm(dim=-1) / scale)
+        reach = 1 - torch.tanh((self._ee(physics.qpos) - self.approach_point(cube)).norm(dim=-1) / scale)
         push = 1 - torch.tanh((cube[:, :2] - self.command).norm(dim=-1) / scale)
         return {"reach": reach, "push": push}

@@ -27,22 +27,7 @@ from q2real.sim.reward import RewardScales
 from q2real.sim.task import Task, TaskConfig
 
 END_EFFECTOR = "end_effector"
-
-
-def add_end_effector_sensor(mjspec: mujoco.MjSpec) -> None:
-    """A `framepos` sensor on the arm's end-effector site, so both backends report its position."""
-    mjspec.add_sensor(
-        name=END_EFFECTOR,
-        type=mujoco.mjtSensor.mjSENS_FRAMEPOS,
-        objtype=mujoco.mjtObj.mjOBJ_SITE,
-        objname=END_EFFECTOR,
-    )
-
-
-def sensor_slice(model: mujoco.MjModel, name: str) -> slice:
-    sensor = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SENSOR, name)
-    start = int(model.sensor_adr[sensor])
-    return slice(start, start + int(model.sensor_dim[sensor]))
+"""The arm's end-effector site, whose position forward kinematics gives (`Task.site_kinematics`)."""
 
 
 @dataclass
@@ -90,7 +75,7 @@ class ArmReach(Task):
 
     def __init__(self, spec: RobotSpec, model: mujoco.MjModel, config: ArmReachConfig, device: torch.device):
         super().__init__(spec, model, config, device)
-        self._ee = sensor_slice(model, END_EFFECTOR)
+        self._ee = self.site_kinematics(END_EFFECTOR)
         low, high = config.keepout_low, config.keepout_high
         if (low is None) != (high is None):
             raise ConfigError("env.task_params.keepout_low/keepout_high: give both corners of the box, or neither")
@@ -101,10 +86,6 @@ class ArmReach(Task):
                     f"env.task_params.keepout_low: expected 3 numbers each below keepout_high's, got {low} and {high}"
                 )
             self._keepout = torch.tensor([low, high], dtype=torch.float32, device=device)
-
-    @classmethod
-    def scene(cls, mjspec: mujoco.MjSpec) -> None:
-        add_end_effector_sensor(mjspec)
 
     def sample_command(self, num_envs: int, gen: torch.Generator) -> torch.Tensor:
         return self._uniform_box(gen, self.config.target_low, self.config.target_high, num_envs)
@@ -133,7 +114,7 @@ class ArmReach(Task):
         return {"point": self.site_point(END_EFFECTOR), "within": self.config.success_radius}
 
     def distance(self, physics: PhysicsState) -> torch.Tensor:
-        return (physics.sensordata[:, self._ee] - self.command).norm(dim=-1)
+        return (self._ee(physics.qpos) - self.command).norm(dim=-1)
 
     def success(self, physics: PhysicsState) -> torch.Tensor:
         return self.distance(physics) <= self.config.success_radius
@@ -145,7 +126,7 @@ class ArmReach(Task):
     def cost(self, physics: PhysicsState, action: torch.Tensor) -> torch.Tensor:
         if self._keepout is None:
             return super().cost(physics, action)
-        ee = physics.sensordata[:, self._ee]
+        ee = self._ee(physics.qpos)
         return ((ee > self._keepout[0]) & (ee < self._keepout[1])).all(-1).float()
 
     def reward_terms(self, physics: PhysicsState, action: torch.Tensor) -> dict[str, torch.Tensor]:

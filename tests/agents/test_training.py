@@ -17,9 +17,9 @@ import yaml
 from q2real.agents.callbacks import Callback
 from q2real.agents.common.checkpoint import load_checkpoint
 from q2real.agents.common.guard import NonFiniteError
-from q2real.agents.config import TrainConfig
+from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.train import Trainer, resume, train
-from q2real.configs.loader import load, to_dict
+from q2real.configs.loader import ConfigError, load, to_dict
 from q2real.residual.train import ResidualTrainConfig
 
 
@@ -162,6 +162,34 @@ def test_a_run_started_from_another_begins_with_its_learner_and_acts_with_it_dur
     assert resumed.step == 200
     resumed.env.close()
     resumed.eval_env.close()
+
+
+def test_a_run_with_more_observed_terms_starts_from_one_without_them_acting_as_it_did(tmp_path: Path) -> None:
+    """A policy trained on the nominal robot seeds one that also sees its earlier actions (a curriculum
+    step toward latency): the new input columns start with zero weights, so the new networks compute
+    what the old ones did whatever those columns hold; the critics too, the action after the new terms."""
+    extra = ("crossq.renorm_warmup=50", "env.task_params.observe_last_action=true")
+    first = train(small(tmp_path, "first", "crossq", extra)).path
+    from q2real.agents.learners import restore_agent
+
+    old_trainer = Trainer(small(tmp_path, "probe", "crossq", extra))
+    old, _ = restore_agent(first, load_run_config(first), old_trainer.env)
+    grown = Trainer(
+        small(tmp_path, "grown", "crossq", (*extra, f"init_from={first}", "env.task_params.action_history=2"))
+    )
+    new = grown.agent.eval()
+    assert grown.env.obs_names[-2:] == ("last_action", "action_history")
+    obs = old_trainer.env.reset(seed=3)
+    history = torch.rand(obs.shape[0], 2 * grown.env.action_dim) * 2 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(new.act(torch.cat([obs, history], -1), True), old.act(obs, True))
+        action = torch.rand(obs.shape[0], grown.env.action_dim) * 2 - 1
+        torch.testing.assert_close(new.q_values(torch.cat([obs, history], -1), action), old.q_values(obs, action))
+    for trainer in (old_trainer, grown):
+        trainer.env.close()
+        trainer.eval_env.close()
+    with pytest.raises(ConfigError, match=r"observed \[.*'last_action'\]; .*only policy terms appended after"):
+        Trainer(small(tmp_path, "fewer", "crossq", ("crossq.renorm_warmup=50", f"init_from={first}")))
 
 
 def test_starting_from_a_run_that_does_not_fit_names_what_differs(tmp_path: Path) -> None:

@@ -192,6 +192,47 @@ def test_a_new_run_does_not_observe_the_last_runs_action(tmp_path) -> None:
     assert np.all(first_run_observation()[last] == 0.0)
 
 
+def test_the_action_history_is_the_nodes_own_outputs_before_the_last_newest_first(tmp_path) -> None:
+    """Two ticks of history beside the last action: each RUN tick's observation holds the outputs of the
+    three ticks before it, in order, zeros where the run had none, and a new run starts from zeros."""
+    params = {"observe_last_action": True, "action_history": 2}
+    bundle = export_fresh_agent("panda_reach", tmp_path / "panda.onnx", params)
+    node = PolicyNode(bundle, NodeConfig(autostart=True, shield=ShieldConfig(ramp_time=0.1)))
+    terms = node.bundle.info.metadata["observation"]["terms"]
+    assert [t["source"] for t in terms[-2:]] == [{"kind": "last_action"}, {"kind": "action_history"}]
+    dim = node.bundle.info.action_dim
+    start = sum(t["dim"] for t in terms[:-2])
+    pose = [float(v) for v in node.spec.array("default_position")]
+    assert node.on_task_command([0.5, 0.0, 0.4]) is None
+    now = 100.0
+
+    def run_observations(ticks: int) -> list[np.ndarray]:
+        nonlocal now
+        seen: list[np.ndarray] = []
+        for _ in range(40):
+            node.on_joint_state(list(node.joints), pose, [0.0] * len(pose), [], received=now)
+            tick = node.tick(now)
+            now += DT
+            if tick.observation is not None:
+                seen.append(tick.observation.reshape(-1)[start:].copy())
+                if len(seen) == ticks:
+                    return seen
+        raise AssertionError(f"no RUN tick (mode {node.shield.mode.name})")
+
+    seen = run_observations(5)
+    outputs = [o[:dim] for o in seen[1:]]  # the last action each tick saw: the outputs so far
+    assert np.all(seen[0] == 0.0) and all(np.any(o != 0.0) for o in outputs)
+    for k in range(1, 5):
+        expected = [outputs[k - 2] if k >= 2 else np.zeros(dim), outputs[k - 3] if k >= 3 else np.zeros(dim)]
+        np.testing.assert_array_equal(seen[k][dim:], np.concatenate(expected), err_msg=f"RUN tick {k}")
+    node.on_estop(True)
+    node.tick(now)
+    node.on_reset()
+    node.tick(now)
+    node.start()
+    assert np.all(run_observations(1)[0] == 0.0), "a new run remembers nothing of the last"
+
+
 def test_a_policy_that_reads_a_command_never_runs_on_a_made_up_one(tmp_path) -> None:
     """A reach bundle without a target yet ramps to the default pose and holds there, saying why on
     /diagnostics; the first command hands over."""

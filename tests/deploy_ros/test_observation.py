@@ -57,6 +57,32 @@ def _random_states(model: mujoco.MjModel, rows: int, gen: torch.Generator) -> tu
     return qpos, qvel
 
 
+def _node_observation(
+    world: SimWorld, builder: ObservationBuilder, inputs: Inputs, qpos, qvel, command, previous, history=None
+):
+    """The node's observation of one simulator state: the sim robot's messages for it (joint states, IMU,
+    the object's pose, a Twist for a velocity command) and the policy's previous outputs through the
+    node's inputs and builder."""
+    world.data.qpos[:], world.data.qvel[:] = qpos.double().numpy(), qvel.double().numpy()
+    mujoco.mj_forward(world.model, world.data)
+    state = world.joint_state(msg.Time())
+    by_name = {n: (p, v) for n, p, v in zip(state.name, state.position, state.velocity, strict=True)}
+    position = np.array([by_name[n][0] for n in builder.joints])
+    velocity = np.array([by_name[n][1] for n in builder.joints])
+    command = command.double().numpy()
+    if "imu" in builder.streams:
+        assert inputs.on_imu(world.imu_message(msg.Time()), 0.0) is None
+    if "object_pose" in builder.streams:
+        assert inputs.on_object_pose(world.object_message(msg.Time()), 0.0) is None
+    if "velocity_command" in builder.streams:
+        twist = msg.Twist(msg.Vector3(command[0], command[1], 0.0), msg.Vector3(0.0, 0.0, command[2]))
+        assert inputs.on_velocity_command(twist, 0.0) is None
+    values = {"last_action": previous.double().numpy(), "command": command} | inputs.values(0.0)
+    if history is not None:
+        values["action_history"] = history.double().numpy()
+    return builder(position, velocity, values)
+
+
 def _rotated_imu(tmp_path: Path, robot: str) -> RobotSpec:
     data = yaml.safe_load((HARDWARE_DIR / robot / "robot.yaml").read_text())
     data["model"] = str(HARDWARE_DIR / robot / "model.xml")
@@ -96,25 +122,10 @@ def test_builder_reproduces_the_task_observation_from_the_robots_messages(
         mujoco.mj_forward(model, data)
         sensors[row] = torch.from_numpy(data.sensordata.copy())
     expected = env.task.observe(PhysicsState(qpos.float(), qvel.float(), sensors.float()))
-    joints = [mujoco.mj_name2id(world.model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in builder.joints]
     for row in range(rows):
-        world.data.qpos[:], world.data.qvel[:] = qpos[row].numpy(), qvel[row].numpy()
-        mujoco.mj_forward(world.model, world.data)
-        state = world.joint_state(msg.Time())
-        by_name = {n: (p, v) for n, p, v in zip(state.name, state.position, state.velocity, strict=True)}
-        position = np.array([by_name[mujoco.mj_id2name(world.model, mujoco.mjtObj.mjOBJ_JOINT, j)][0] for j in joints])
-        velocity = np.array([by_name[mujoco.mj_id2name(world.model, mujoco.mjtObj.mjOBJ_JOINT, j)][1] for j in joints])
-        command = env.task.command[row].double().numpy()
-        if "imu" in builder.streams:
-            assert inputs.on_imu(world.imu_message(msg.Time()), 0.0) is None
-        if "object_pose" in builder.streams:
-            assert inputs.on_object_pose(world.object_message(msg.Time()), 0.0) is None
-        if "velocity_command" in builder.streams:
-            twist = msg.Twist(msg.Vector3(command[0], command[1], 0.0), msg.Vector3(0.0, 0.0, command[2]))
-            assert inputs.on_velocity_command(twist, 0.0) is None
-        previous = env.task.last_action[row].double().numpy()
-        values = {"last_action": previous, "command": command} | inputs.values(0.0)
-        got = builder(position, velocity, values)
+        got = _node_observation(
+            world, builder, inputs, qpos[row], qvel[row], env.task.command[row], env.task.last_action[row]
+        )
         np.testing.assert_allclose(got[0], expected[row].numpy(), rtol=1e-5, atol=1e-5)
     env.close()
 
@@ -247,3 +258,27 @@ def test_the_sim_robots_imu_noise_and_bias_stay_readings_the_node_accepts() -> N
 
 
 _gravity = {"name": "g", "dim": 3, "source": {"kind": "projected_gravity"}}
+
+
+@pytest.mark.parametrize("task", DEPLOYABLE)
+def test_the_observation_training_steps_to_is_the_nodes_of_the_same_state(task: str) -> None:
+    """After real env steps (physics substeps, auto-resets, commands redrawn), the observation a policy
+    trains on equals what the node builds from the simulator state the step ended in: no term read
+    from an older state (MuJoCo's sensors are one substep behind the joints after a step)."""
+    env = make(task=task, num_envs=4, device="cpu", task_params={"observe_last_action": True, "action_history": 2})
+    spec = env.task.spec
+    world = SimWorld(spec, SimRobotConfig(task=task))
+    builder = ObservationBuilder(_metadata(env), task, lambda: load_model(spec))
+    inputs = Inputs(builder, InputsConfig(), spec.imu, TopicConfig(), task)
+    gen = torch.Generator().manual_seed(1)
+    env.reset(seed=1)
+    for _ in range(6):
+        result = env.step(torch.rand(env.num_envs, env.action_dim, generator=gen) * 2 - 1)
+        physics, task_state = env.physics, env.task
+        for row in range(env.num_envs):
+            got = _node_observation(
+                world, builder, inputs, physics.qpos[row], physics.qvel[row], task_state.command[row],
+                task_state.last_action[row], task_state.action_history[row],
+            )  # fmt: skip
+            np.testing.assert_allclose(got[0], result.obs[row].numpy(), rtol=1e-5, atol=2e-5)
+    env.close()

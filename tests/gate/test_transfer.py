@@ -16,7 +16,7 @@ from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.gate.perturbations import perturbations
 from q2real.gate.shielded import shielded_returns
 from q2real.gate.transfer import run_gate
-from q2real.gate.verdict import GateError, ratio_interval
+from q2real.gate.verdict import GateError, ratio_interval, wilson_interval
 from q2real.hardware import robot_spec
 from q2real.hardware.model import load_model
 from q2real.sim import RandomizationConfig, make
@@ -253,6 +253,19 @@ def test_the_ratio_interval_pairs_each_episode_with_its_reference() -> None:
     low, high = ratio_interval(0.8 * reference.flip(0), reference)
     assert low < 0.7 and high > 0.9
     assert ratio_interval(torch.ones(1), torch.ones(1)) == (None, None)
+
+
+def test_a_rate_of_episodes_has_a_wilson_interval_that_stays_in_range_and_never_collapses() -> None:
+    low, high = wilson_interval(5, 32)
+    assert (round(low, 3), round(high, 3)) == (0.069, 0.318), "5 falls in 32"
+    assert wilson_interval(0, 32) == (0.0, pytest.approx(3.8415 / 35.8415, rel=1e-4)), "none in 32 is not 0 %"
+    assert wilson_interval(32, 32)[1] == 1.0 and wilson_interval(32, 32)[0] < 1.0
+    for n in (1, 7, 256):
+        for hits in range(n + 1):
+            low, high = wilson_interval(hits, n)
+            assert 0.0 <= low <= hits / n <= high <= 1.0
+    with pytest.raises(ValueError, match="at least one episode"):
+        wilson_interval(0, 0)
 
 
 def test_a_return_against_a_negative_reference_is_judged_by_the_returns_not_the_ratio() -> None:

@@ -38,7 +38,7 @@ def test_the_reward_pays_for_the_pusher_near_the_approach_point_by_hand() -> Non
         env.reset(seed=1)
         physics, task = env.physics, env.task
         cube = task.cube_position(physics)
-        pusher = physics.sensordata[:, task._ee]
+        pusher = task._ee(physics.qpos)
         point = cube if approach == "cube" else task.approach_point(cube)
         for i in range(env.num_envs):
             reach = 1 - math.tanh(float((pusher[i] - point[i]).norm()) / 0.1)

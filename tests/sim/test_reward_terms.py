@@ -100,23 +100,24 @@ def test_panda_reach_and_push_terms_on_hand_built_states() -> None:
     reach = env_of("panda_reach")
     task = reach.task
     task.command = torch.tensor([[0.5, 0.0, 0.4], [0.4, 0.1, 0.3]])
-    sensors = state(reach).sensordata
-    sensors[:, task._ee] = task.command + torch.tensor([[0.2, 0.0, 0.0], [0.0, 0.03, 0.0]])
-    terms = task.reward_terms(state(reach, sensordata=sensors), torch.zeros(2, reach.action_dim))
+    # The end effector placed by hand where forward kinematics (tested on its own) would put it.
+    placed = task.command + torch.tensor([[0.2, 0.0, 0.0], [0.0, 0.03, 0.0]])
+    task._ee = lambda qpos: placed
+    terms = task.reward_terms(state(reach), torch.zeros(2, reach.action_dim))
     assert values(terms) == {"reach": pytest.approx([1 - math.tanh(1.0), 1 - math.tanh(0.15)], abs=1e-6)}
     sparse = env_of("panda_reach", sparse=True)
     sparse.task.command = task.command
-    assert values(sparse.task.reward_terms(state(sparse, sensordata=sensors), torch.zeros(2, 7))) == {
-        "success": [0.0, 1.0]
-    }
+    sparse.task._ee = task._ee
+    assert values(sparse.task.reward_terms(state(sparse), torch.zeros(2, 7))) == {"success": [0.0, 1.0]}
 
     push = env_of("panda_push")
     task = push.task
     task.command = torch.tensor([[0.6, 0.0], [0.5, 0.0]])
-    qpos, sensors = state(push).qpos, state(push).sensordata
+    qpos = state(push).qpos
     qpos[:, task._cube_q : task._cube_q + 3] = torch.tensor([0.5, 0.0, 0.025])
-    sensors[:, task._ee] = torch.tensor([[0.5, 0.0, 0.025], [0.5, 0.0, 0.125]])  # on the cube; 10 cm above it
-    physics = state(push, qpos, sensordata=sensors)
+    pusher = torch.tensor([[0.5, 0.0, 0.025], [0.5, 0.0, 0.125]])  # on the cube; 10 cm above it
+    task._ee = lambda qpos: pusher
+    physics = state(push, qpos)
     terms = task.reward_terms(physics, torch.zeros(2, push.action_dim))
     edge = 1 - math.tanh(1.0)  # 10 cm, the distance scale
     assert values(terms) == {"reach": pytest.approx([1.0, edge], abs=1e-6), "push": pytest.approx([edge, 1.0])}

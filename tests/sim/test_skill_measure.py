@@ -142,6 +142,46 @@ def test_a_run_that_keeps_its_best_point_is_judged_by_that_point_on_held_out_epi
     }, "keep_best's median is (0.95 + 0.6) / 2"
 
 
+def test_a_headline_median_carries_its_seeds_interval_and_its_figure_at_one_tick_of_latency() -> None:
+    bench = skills_bench()
+
+    def run(rate: float) -> dict:
+        held_out = {"stand_rate": rate, "stand_rate_low": rate - 0.1, "stand_rate_high": rate + 0.05}
+        return {"final": {"stand_rate": 1.0}, "held_out": held_out | {"latency1_stand_rate": rate / 2}}
+
+    recipes = {"r": {"seeds": {"0": run(0.9), "1": run(0.7), "2": run(0.8)}}}
+    assert bench.headline({"gr1_stand": {"recipes": recipes}}) == {
+        "gr1_stand_rate": 0.8,
+        "gr1_stand_rate_low": pytest.approx(0.7),
+        "gr1_stand_rate_high": pytest.approx(0.85),
+        "gr1_stand_rate_latency1": 0.4,
+        "gr1_stand_recipe": "r",
+    }, "the interval is the median seed's; held-out figures, not the last point's"
+    del recipes["r"]["seeds"]["2"]["held_out"]
+    figures = bench.headline({"gr1_stand": {"recipes": recipes}})
+    assert "gr1_stand_rate_latency1" not in figures, "not every seed was judged at one tick"
+
+
+def test_the_gate_figures_come_from_the_tasks_transfer_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = skills_bench()
+    monkeypatch.setattr(bench, "SKILLS", tmp_path)
+    rows = [
+        {"name": "nominal", "required": True, "ratio": 1.0, "low": 0.95},
+        {"name": "latency", "required": True, "ratio": 0.6, "low": 0.45},
+        {"name": "all beyond", "required": False, "ratio": 0.1, "low": 0.05},
+    ]
+    gate = {"rows": rows, "passed": False, "reference_return": 200.0, "unshielded_return": 150.0}
+    gate |= {"shield_intervention_rate": 0.08, "ros_shield_intervention_rate": 0.12}
+    (tmp_path / "spot_joystick_transfer.json").write_text(json.dumps(gate))
+    tasks = {"spot_joystick": {}, "gr1_stand": {}}
+    assert bench.gate_figures(tasks) == {
+        "spot_joystick_gate_passed": False,
+        "spot_joystick_gate_lowest_lower": 0.45,
+        "spot_joystick_shield_intervention_rate": 0.12,
+        "spot_joystick_unshielded_ratio": 0.75,
+    }, "the unjudged stress row does not count; the worse of the gate's and the node's rate"
+
+
 def test_keep_best_is_refused_for_a_residual_before_anything_trains() -> None:
     with pytest.raises(ValueError, match="residual_panda_push: --keep-best"):
         skills_bench().run("panda_push", 0, 1.0, 64, 2, [], lambda _: None, "residual_panda_push", keep_best=True)
@@ -210,7 +250,7 @@ def test_keep_best_delivers_the_best_point_judged_on_other_episodes_and_exports_
     bench = skills_bench()
     # A tiny learner never succeeds; the points' success is scripted (two tie for best, before the
     # last), their returns are the policy's own.
-    script = iter([0.2, 0.7, 0.7, 0.5, 0.0])
+    script = iter([0.2, 0.7, 0.7, 0.5, 0.0, 0.1])  # four points, then held out as trained and at 1 tick
 
     def measure(policy, env, seed=bench.EVAL_SEED):
         return bench.manipulation(policy, env, seed) | {"success": next(script)}
@@ -225,10 +265,15 @@ def test_keep_best_delivers_the_best_point_judged_on_other_episodes_and_exports_
     assert [p["env_steps"] for p in curve] == [64, 128, 192, 256]
     assert kept["env_steps"] == 192, "the best point, the later one of a tie"
     assert result["final"]["success"] == 0.5 and bench.delivered(result)["success"] == 0.0, "held out, not picked"
+    assert bench.delivered(result)["latency1_success"] == 0.1, "and again with one tick of latency"
     assert kept["figures"]["return"] != pytest.approx(curve[2]["return"]), "judged on other episodes"
 
     monkeypatch.setattr(bench, "SKILLS", tmp_path / "skills")
+    judged = bench.SKILLS / "panda_push_transfer.json"
+    judged.parent.mkdir()
+    judged.write_text("{}")
     bundle = bench.keep(result["run_dir"], "panda_push", selected=True)
+    assert not judged.exists(), "the gate judged the bundle this one replaces"
     meta = json.loads(bundle.with_name(bundle.name + ".json").read_text())
     assert meta["training"]["env_steps"] == 192, "the kept point's policy is the one exported"
     assert not (bench.SKILLS / "runs" / "panda_push" / bench.SELECTED).exists()
@@ -239,7 +284,8 @@ def test_keep_best_delivers_the_best_point_judged_on_other_episodes_and_exports_
     config, one_env, agent, step = load_run_policy(bench.SKILLS / "runs" / "panda_push")
     one_env.close()
     assert step == 192
-    env = bench.eval_env(config, 4, bench.HELD_OUT_SEED)
+    held_out = bench.SKILLS_BY_TASK["panda_push"].held_out_episodes
+    env = bench.eval_env(config, held_out, bench.HELD_OUT_SEED)
     returns = bench.manipulation(deterministic_policy(agent, env), env, bench.HELD_OUT_SEED)["return"]
     env.close()
     assert returns == pytest.approx(kept["figures"]["return"], rel=1e-5)
@@ -284,5 +330,7 @@ def test_a_preset_with_demonstrations_runs_on_the_residual_trainer_and_its_bundl
     bc.run()
     on_base = [*overrides, f"residual.base={bc.path}"]
     result = bench.run("panda_push", 0, 10.0, 128, 8, on_base, lambda _: None, preset="residual_panda_push")
-    assert set(result["base"]) == {"success", "return"}
+    assert set(result["base"]) == {"success", "success_low", "success_high", "return"}
     assert result["final"] == pytest.approx(result["base"], abs=1e-4), "the untouched residual is its base"
+    held_out = {k: v for k, v in result["held_out"].items() if not k.startswith(bench.LATENCY1)}
+    assert held_out == pytest.approx(result["held_out_base"], abs=1e-4), "and is on the held-out episodes too"

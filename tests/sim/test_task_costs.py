@@ -16,12 +16,10 @@ def test_the_keep_out_box_costs_1_while_the_end_effector_is_inside_it() -> None:
     env.reset(seed=0)
     task = env.task
     physics = env.physics
-    ee = physics.sensordata[:, task._ee].clone()
     assert (task.cost(physics, torch.zeros(2, 7)) == 0).all()  # the home pose is below the box
-    physics.sensordata[0, task._ee] = torch.tensor([0.45, 0.0, 0.33])  # inside
-    physics.sensordata[1, task._ee] = torch.tensor([0.45, 0.15, 0.33])  # beside it
+    # Placed by hand where forward kinematics (tested on its own) would put it: inside, and beside the box.
+    task._ee = lambda qpos: torch.tensor([[0.45, 0.0, 0.33], [0.45, 0.15, 0.33]])
     assert task.cost(physics, torch.zeros(2, 7)).tolist() == [1.0, 0.0]
-    physics.sensordata[:, task._ee] = ee
     plain = make(task="panda_reach", num_envs=2, device="cpu", backend="mujoco")
     plain.reset(seed=0)
     assert (plain.task.cost(plain.physics, torch.zeros(2, 7)) == 0).all()  # no box: never a cost
