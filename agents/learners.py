@@ -92,11 +92,15 @@ def widened(weights: dict, mine: dict, column: int, count: int) -> dict:
     appended to the policy's observation, which comes first in every network input, before the critic's
     privileged terms and the action). Along the one axis where a tensor is `count` longer than stored,
     the new entries take `mine`'s (this learner's initial normalizer and batch-norm statistics, and zero
-    for a layer's input weights, so the networks compute what they did until training moves them)."""
+    for a layer's input weights, so the networks compute what they did until training moves them). The
+    normalizer's new columns start at mean 0 and variance 1 and move at the old sample count's pace:
+    right for terms already in [-1, 1], as earlier actions are."""
     out = dict(weights)
     for key, stored in weights.items():
         target = mine.get(key)
-        if not isinstance(stored, torch.Tensor) or target is None or stored.shape == target.shape:
+        if key in PER_ENV_STATE or not isinstance(stored, torch.Tensor) or target is None:
+            continue
+        if stored.shape == target.shape or stored.dim() != target.dim():
             continue
         axes = [a for a, (s, t) in enumerate(zip(stored.shape, target.shape, strict=True)) if s != t]
         if len(axes) != 1 or target.shape[axes[0]] - stored.shape[axes[0]] != count:

@@ -432,18 +432,11 @@ def grown_observation(run_dir: Path, env: VecEnv) -> tuple[int, int] | None:
         before, dims, policy = old.obs_names, dict(zip(old.obs_names, old.obs_dims, strict=True)), old.policy_obs_dim
     finally:
         old.close()
-    now = dict(zip(env.obs_names, env.obs_dims, strict=True))
+    now = dict(zip(env.obs_names, env.obs_dims, strict=True))  # the policy's terms (critic-only ones follow)
     if list(now) == list(before):
         return None
-    policy_terms = []
-    for name in before:  # the policy's terms come first, the critic's privileged ones after
-        if sum(dims[n] for n in policy_terms) >= policy:
-            break
-        policy_terms.append(name)
     added = [name for name in now if name not in dims]
-    if list(now) != [*policy_terms, *added, *before[len(policy_terms) :]] or env.policy_obs_dim != policy + sum(
-        now[n] for n in added
-    ):
+    if list(now) != [*before, *added]:
         raise ConfigError(
             f"init_from: {run_dir} observed {list(before)}; this run observes {list(now)}: only policy terms "
             "appended after the old ones can start from it"

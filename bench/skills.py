@@ -379,8 +379,11 @@ def run(
         kept["figures"] = held_out
     judged: dict[str, object] = {"held_out": held_out, "held_out_episodes": n}
     if base_dir:  # the residual over its base on the same held-out episodes
-        judged["held_out_base"], env = judge_base(skill, base_dir, eval_env(config, n, HELD_OUT_SEED), HELD_OUT_SEED)
-        env.close()
+        env = eval_env(config, n, HELD_OUT_SEED)
+        try:
+            judged["held_out_base"], _ = judge_base(skill, base_dir, env, HELD_OUT_SEED)
+        finally:
+            env.close()
     return result(True) | judged
 
 
@@ -485,8 +488,9 @@ def median(runs: dict[str, dict], figure: Callable[[dict[str, float]], float]) -
 
 
 def beside(key: str, figure: str, runs: dict[str, dict]) -> dict[str, float]:
-    """What goes beside a headline median: the 95 % interval of the median seed's figure (`<key>_low`,
-    `<key>_high`) and the median with one tick of latency (`<key>_latency1`), where the runs have them."""
+    """What goes beside a headline median: the 95 % interval of the median seed's figure (the lower
+    middle one of an even count; `<key>_low`, `<key>_high`) and the median with one tick of latency
+    (`<key>_latency1`), where the runs have them."""
     ordered = sorted((delivered(run) for run in runs.values()), key=lambda figures: figures[figure])
     middle = ordered[(len(ordered) - 1) // 2]
     out = {f"{key}_{end}": middle[f"{figure}_{end}"] for end in ("low", "high") if f"{figure}_{end}" in middle}
@@ -531,15 +535,15 @@ def gate_figures(tasks: dict[str, dict]) -> dict[str, object]:
         if not path.is_file():
             continue
         gate = json.loads(path.read_text())
-        judged = [row for row in gate["rows"] if row["required"]]
-        rates = [
-            gate[k] for k in ("shield_intervention_rate", "ros_shield_intervention_rate") if gate.get(k) is not None
-        ]
+        bounds = [row["ratio"] if row["low"] is None else row["low"] for row in gate["rows"] if row["required"]]
+        rates = [gate.get(k) for k in ("shield_intervention_rate", "ros_shield_intervention_rate")]
+        rates = [rate for rate in rates if rate is not None]
         out[f"{task}_gate_passed"] = gate["passed"]
-        out[f"{task}_gate_lowest_lower"] = min(row["ratio"] if row["low"] is None else row["low"] for row in judged)
+        if bounds:
+            out[f"{task}_gate_lowest_lower"] = min(bounds)
         if rates:
             out[f"{task}_shield_intervention_rate"] = max(rates)
-        if gate.get("unshielded_return") is not None:
+        if gate.get("unshielded_return") is not None and gate["reference_return"] > 0:  # a ratio of returns > 0
             out[f"{task}_unshielded_ratio"] = gate["unshielded_return"] / gate["reference_return"]
     return out
 

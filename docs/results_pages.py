@@ -333,7 +333,7 @@ def skills_page() -> str:
                     "–",
                     f"{num(min(seeds))}x – {num(max(seeds))}x ({len(seeds)} seeds)",
                     code(data[f"{task}_residual_recipe"]),
-                    "its base's episodes",
+                    "the same episodes as its base",
                     "> 1x its base",
                     num(data[key] > 1),
                 ]

@@ -113,10 +113,13 @@ def shielded_returns(
             ended(int((result.done.cpu() & ~finished).sum()))
         finished |= result.done.cpu()
         obs = result.obs
+        # As the node does, an output that is not finite is not remembered (the shield held the target).
+        finite = np.isfinite(actions).all(-1, keepdims=True)
         if history is not None:
-            outputs = np.concatenate([previous, outputs], axis=1)[:, : outputs.shape[1]]
+            shifted = np.concatenate([previous, outputs], axis=1)[:, : outputs.shape[1]]
+            outputs = np.where(finite, shifted, outputs)
             obs[:, history] = torch.from_numpy(outputs).to(obs)
-        previous = np.clip(actions, -1.0, 1.0)
+        previous = np.where(finite, np.clip(actions, -1.0, 1.0), previous)
         if last is not None:
             obs[:, last] = torch.from_numpy(previous).to(obs)
         t += dt

@@ -87,7 +87,8 @@ class ShieldConfig:
     """Seconds RAMP takes to move the robot from its measured pose to the default pose, before the policy
     takes over."""
     ramp_max_distance: float = 1.0
-    """Largest |measured - default| (rad or m) from which RAMP may start."""
+    """Largest |measured - default| (rad or m) from which RAMP may start; on a torque robot a continuous
+    joint's the nearest way round (its ramp moves nothing, and its angle counts whole turns)."""
     damp_kd: float = 1.0
     """Damping for DAMP (and for joints whose spec has kd = 0)."""
     workspace_points: tuple[str, ...] = ()
@@ -327,7 +328,7 @@ class ReferenceShield:
         `by` says who started it in the mode change's reason."""
         if self.mode != Mode.PASSIVE or self._q is None:
             return False
-        distance = float(np.max(np.abs(self._q - self.default)))
+        distance = float(np.max(np.abs(self._from_default(self._q))))
         if distance > self.config.ramp_max_distance:
             self._pending_reason = (
                 f"ramp refused: measured pose is {distance:.3f} from the default pose "
@@ -340,6 +341,17 @@ class ReferenceShield:
         self._ramp_ticks = 0
         self._set_mode(Mode.RAMP, f"{by}: ramping from the measured pose to the default pose")
         return True
+
+    def _from_default(self, q: np.ndarray) -> np.ndarray:
+        """How far each joint of `q` is from the default pose, as far as the ramp is concerned. A torque
+        robot's ramp damps and moves nothing, so a continuous joint (no finite limit: a hinge that
+        counts whole turns) is as far as the nearest way round; a position robot's ramp would sweep
+        every turn of the count, so there the count stands."""
+        offset = q - self.default
+        if not self.torque:
+            return offset
+        wrapped = np.remainder(offset + np.pi, 2 * np.pi) - np.pi
+        return np.where(np.isinf(self.hard_lo) & np.isinf(self.hard_hi), wrapped, offset)
 
     def run(self) -> bool:
         """RAMP (finished) -> RUN."""

@@ -282,7 +282,9 @@ class TaskEnv(VecEnv):
         self._gen.set_state(state["generator"])
         self.task.command = state["command"].to(self.device)
         self.task.last_action = state["last_action"].to(self.device)
-        self.task.action_history = state["action_history"].to(self.device)
+        # A checkpoint from before the term existed holds none: the history starts empty.
+        history = state.get("action_history", torch.zeros_like(self.task.action_history))
+        self.task.action_history = history.to(self.device)
         self._since_push.copy_(state["pushes"][0])
         self._push_gap.copy_(state["pushes"][1])
         if self._clamps is not None:

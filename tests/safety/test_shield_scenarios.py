@@ -13,6 +13,7 @@ from q2real.hardware.action import action_from_command
 from q2real.safety import Mode, Rule, Shield, ShieldConfig
 from q2real.safety.flags import CLAMPS
 from q2real.safety.limits import gain_scale
+from q2real.safety.shield import ReferenceShield
 
 DT = 0.01
 
@@ -65,6 +66,33 @@ def test_passive_until_started_and_ramp_refused_when_too_far() -> None:
     assert cmd.mode == Mode.PASSIVE and "ramp refused" in cmd.reason
     assert shield.counters.rules["RAMP_REFUSED"] == 1
     assert not shield.run()  # no RUN without a ramp
+
+
+@pytest.mark.parametrize("kind", [Shield, ReferenceShield])
+@pytest.mark.parametrize(
+    ("turns", "swing", "starts"), [(1, 0.3, True), (-3, -0.9, True), (2, 1.2, False), (0, 3.0, False)]
+)
+def test_a_hinge_that_counts_turns_starts_as_near_as_the_nearest_way_round(kind, turns, swing, starts) -> None:
+    """The pendulum after a reset hangs limp, its angle a whole number of turns from the default pose:
+    a torque robot's ramp only damps, so the start is judged the nearest way round."""
+    shield = kind(robot_spec("pendulum"), ShieldConfig(ramp_max_distance=1.0))
+    angle = 2 * math.pi * turns + swing
+    shield.tick(["hinge"], np.array([angle]), np.zeros(1), 0.0, 0.0)
+    assert shield.start() == starts, (turns, swing)
+    command = shield.tick(["hinge"], np.array([angle]), np.zeros(1), DT, DT)
+    if starts:
+        assert command.mode == Mode.RAMP and command.effort is not None and not command.effort.any()
+    else:
+        assert command.mode == Mode.PASSIVE and "ramp refused" in command.reason
+
+
+def test_a_position_robots_ramp_refuses_a_pose_as_far_as_it_would_sweep() -> None:
+    """A position robot's ramp moves every turn of a joint's count: no wrapping there."""
+    joint = JointSpec("wheel", (-math.inf, math.inf), 2.0, 50.0, default_position=0.0, kp=100.0, kd=5.0)
+    spec = RobotSpec("wheel", Path("unused.xml"), "position", DT, (joint,), Path("wheel.yaml"))
+    shield = Shield(spec, ShieldConfig(ramp_max_distance=1.0))
+    shield.tick(["wheel"], np.array([2 * math.pi + 0.1]), np.zeros(1), 0.0, 0.0)
+    assert not shield.start()
 
 
 def test_ramp_moves_from_the_measured_pose_to_default_within_the_rate_limit() -> None:
