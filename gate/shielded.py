@@ -37,11 +37,17 @@ class Episodes:
 
 
 def shielded_returns(
-    bundle: PolicyBundle, env: TaskEnv, seed: int, shielded: bool = True, ended: Callable[[int], None] | None = None
+    bundle: PolicyBundle,
+    env: TaskEnv,
+    seed: int,
+    shielded: bool = True,
+    ended: Callable[[int], None] | None = None,
+    from_default_pose: bool = False,
 ) -> Episodes:
     """The first episode of every env, acting with the bundle through one shield per env
     (`shielded=False`: the bundle's actions straight to the env, as trained without a shield);
-    `ended(n)` hears of each step's newly ended episodes.
+    `ended(n)` hears of each step's newly ended episodes. `from_default_pose`: each episode starts with
+    the robot at rest at its default pose, where the node's start ramp hands over on a robot.
 
     Each env gets the shield a robot would run (rebuilt from the bundle's metadata), started directly
     in RUN from the task's reset state; what reaches the simulator is the shield's command, mapped back
@@ -63,6 +69,8 @@ def shielded_returns(
     names, dt = spec.joint_names, spec.control_period
     task = env.task
     obs = env.reset(seed=seed)
+    if from_default_pose:
+        obs = env.rest_at_default_pose()
     physics = env.physics
     returns = torch.zeros(env.num_envs)
     costs = torch.zeros(env.num_envs)

@@ -10,7 +10,8 @@ A row passes when its interval's lower end clears the threshold (0.9); the gate 
 required row does, including "shield": the return as trained with the shield over the return without
 it, so a policy that relies on moves the robot's shield will not allow fails here and not on the robot.
 With `--ros` the bundle also runs through the ROS 2 node against the sim-in-the-loop robot over
-several of the same episodes, its return measured from the joint states on the wire.
+several of the same episodes, its return measured from the joint states on the wire, against those
+episodes as trained but started where the node's start ramp hands over (at rest, at the default pose).
 """
 
 from __future__ import annotations
@@ -135,14 +136,17 @@ class TransferGate:
         self.backend = backend or _default_backend(self.trained_backend, progress)
         self.spec = robot_spec(self.bundle.info.metadata["robot"]["name"])
         self.perturbations = _chosen(perturbations(env_config.randomization, self.spec, load_model(self.spec)), only)
-        # Two passes as trained (shielded and not), one per row, then the ROS 2 row's episodes in real time.
-        total = (2 + len(self.perturbations)) * episodes + (ros_episodes if ros else 0)
+        # Two passes as trained (shielded and not), one per row, then the ROS 2 row's reference (as trained,
+        # from the default pose) and its episodes in real time.
+        total = (2 + len(self.perturbations)) * episodes + (episodes + ros_episodes if ros else 0)
         self.meter = Progress(total, "gate", unit="episode")
         self.as_trained: Episodes | None = None
         self.unshielded: torch.Tensor | None = None
         self.ros_rate: float | None = None
         """The ROS 2 row's share of ticks on which a shield clamp changed the command, and by how much."""
         self.ros_change: float | None = None
+        self.ros_reference: torch.Tensor | None = None
+        """The ROS 2 row's reference returns: its episodes as trained, from the default pose."""
 
     def env_on(self, on: str, randomization: RandomizationConfig, num_envs: int | None = None) -> TaskEnv:
         return make_task(
@@ -158,10 +162,12 @@ class TransferGate:
             )
         )
 
-    def episodes_on(self, on: str, randomization: RandomizationConfig, shielded: bool = True) -> Episodes:
+    def episodes_on(
+        self, on: str, randomization: RandomizationConfig, shielded: bool = True, from_default_pose: bool = False
+    ) -> Episodes:
         env = self.env_on(on, randomization)
         try:
-            return shielded_returns(self.bundle, env, self.seed, shielded, ended=self.meter.update)
+            return shielded_returns(self.bundle, env, self.seed, shielded, self.meter.update, from_default_pose)
         finally:
             env.close()
 
@@ -210,7 +216,9 @@ class TransferGate:
         return rows
 
     def ros_row(self) -> Row:
-        """The first episodes of the reference, each through the ROS 2 node on the sim robot in real time."""
+        """The first episodes of the reference, each through the ROS 2 node on the sim robot in real time,
+        against the same episodes as trained but started where the node's ramp hands over (the robot at
+        rest at its default pose), not from the reset state the node ramps away from."""
         env = self.env_on(self.trained_backend, self.env_config.randomization)  # its reset stream: all envs
         try:
             env.reset(seed=self.seed)
@@ -222,11 +230,16 @@ class TransferGate:
             ]
         finally:
             env.close()
+        handed_over = self.episodes_on(self.trained_backend, self.env_config.randomization, from_default_pose=True)
+        reference = self.ros_reference = handed_over.returns[: self.ros_episodes]
         returns, self.ros_rate, self.ros_change = ros_returns(
             self.bundle_path, self.env_config, starts, self.progress, self.meter.update
         )
-        reference = self.reference[: self.ros_episodes]
-        row = judged("via ROS 2 node", returns, reference, self.threshold, magnitude="nominal")
+        self.progress(
+            f"  {'as trained, from rest':<22} {'reference':<9} return {float(reference.mean()):9.2f}   (the "
+            "ROS 2 row's: its episodes start where the node's ramp hands over, the default pose)"
+        )
+        row = judged("via ROS 2 node", returns, reference, self.threshold, magnitude="nominal, from the default pose")
         self.show(row)
         return row
 
@@ -258,6 +271,7 @@ class TransferGate:
             "shield_intervention_rate": as_trained.interventions,
             "shield_change": as_trained.change,
             "shield_rule_rates": as_trained.rules,
+            "ros_reference_return": None if self.ros_reference is None else float(self.ros_reference.mean()),
             "ros_shield_intervention_rate": self.ros_rate,
             "ros_shield_change": self.ros_change,
         }

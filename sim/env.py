@@ -203,6 +203,18 @@ class TaskEnv(VecEnv):
             self._clamps.reset(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         return self._observe(physics)
 
+    def rest_at_default_pose(self) -> torch.Tensor:
+        """Every env's robot joints at the default pose and everything at rest, the rest of the reset state
+        kept (a floating base's pose, an object, the command): where a robot's start ramp hands over to
+        the policy. Returns the observation."""
+        qpos = self.physics.qpos.clone()
+        qpos[:, self.task.qpos_index] = torch.as_tensor(
+            self.task.spec.array("default_position"), dtype=qpos.dtype, device=qpos.device
+        )
+        everyone = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self.physics = self.backend.set_state(everyone, qpos, torch.zeros_like(self.physics.qvel))
+        return self._observe(self.physics)
+
     def step(self, action: torch.Tensor) -> StepResult:
         applied = self.task.target_action(self.check_action(action))
         if self.task.action_history.shape[1]:

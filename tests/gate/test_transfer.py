@@ -94,8 +94,10 @@ def test_gate_on_the_default_task_end_to_end(pendulum_run: Path) -> None:
     by_name = {r["name"]: r for r in report["rows"]}
     assert list(by_name) == ["shield", *rows, "via ROS 2 node"]
     assert by_name["nominal"]["ratio"] > 0.85
-    # The ROS episodes ramp to the bottom before the policy takes over, in real time (measured 0.88).
+    # The ROS episodes start where the ramp hands over, judged against the same episodes as trained from
+    # rest at the default pose (the sim reference's own, reported beside it).
     ros = by_name["via ROS 2 node"]
+    assert report["ros_reference_return"] == pytest.approx(ros["mean"] / ros["ratio"], rel=1e-6)
     assert ros["ratio"] > 0.6 and ros["low"] is not None and ros["low"] <= ros["ratio"] <= ros["high"]
     assert 0.0 <= report["ros_shield_intervention_rate"] < 1.0 and report["ros_shield_change"] >= 0.0
     assert report["transfer_ratio_in_range"] == by_name["nominal"]["ratio"]

@@ -41,3 +41,19 @@ def test_a_history_without_the_last_action_or_of_negative_length_is_refused() ->
             device="cpu",
             task_params={"observe_last_action": True, "action_history": -1},
         )
+
+
+def test_resting_at_the_default_pose_keeps_the_rest_of_the_reset_state() -> None:
+    """Where a robot's start ramp hands over: joints at the default pose, everything still, the base's
+    pose, the command and the previous actions as the reset left them."""
+    env = make(task="spot_joystick", num_envs=3, device="cpu", task_params={"observe_last_action": True})
+    env.reset(seed=4)
+    before, command = env.physics, env.task.command.clone()
+    obs = env.rest_at_default_pose()
+    task, after = env.task, env.physics
+    default = torch.tensor(task.spec.array("default_position"), dtype=torch.float32).expand(3, -1)
+    torch.testing.assert_close(after.qpos[:, task.qpos_index], default)
+    assert torch.all(after.qvel == 0) and torch.equal(task.command, command)
+    torch.testing.assert_close(after.qpos[:, :7], before.qpos[:, :7], msg="the base stays where the reset put it")
+    torch.testing.assert_close(obs, task.observe(after), msg="the observation is of the state it rests in")
+    env.close()
