@@ -9,7 +9,12 @@ from tqdm import tqdm
 
 
 class Progress:
-    def __init__(self, total: int, description: str, stream=None, plain_interval_s: float = 10.0, unit: str = "step"):
+    """`total` None: work that runs until it is stopped (a learner on a robot's stream), counted without
+    a share or an ETA."""
+
+    def __init__(
+        self, total: int | None, description: str, stream=None, plain_interval_s: float = 10.0, unit: str = "step"
+    ):
         self.stream = stream or sys.stderr
         self.total = total
         self.done = 0
@@ -24,7 +29,7 @@ class Progress:
     def update(self, steps: int, **postfix: float) -> None:
         """Count `steps` more, never past the total (a batch of envs may finish more episodes at once
         than were left to record)."""
-        steps = max(0, min(steps, self.total - self.done))
+        steps = max(0, steps if self.total is None else min(steps, self.total - self.done))
         self.done += steps
         if postfix:
             self._postfix = "  ".join(f"{k}={v:.4g}" for k, v in postfix.items())
@@ -34,13 +39,18 @@ class Progress:
                 self._bar.set_postfix_str(self._postfix, refresh=False)
             return
         now = time.monotonic()
-        if now - self._last_print >= self._interval or self.done >= self.total:
+        finished = self.total is not None and self.done >= self.total
+        if now - self._last_print >= self._interval or finished:
             self._last_print = now
             rate = self.done / max(now - self._start, 1e-9)
-            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            if self.total is None:
+                count, eta = f"{self.done:,} {self._unit}s", ""
+            else:
+                left = (self.total - self.done) / rate if rate > 0 else float("inf")
+                count = f"{self.done}/{self.total} {self._unit}s ({100 * self.done / self.total:.0f}%)"
+                eta = f"  ETA {left:,.0f} s"
             print(
-                f"{self._description}: {self.done}/{self.total} {self._unit}s ({100 * self.done / self.total:.0f}%)  "
-                f"{rate:,.0f} {self._unit}s/s  ETA {eta:,.0f} s  {self._postfix}",
+                f"{self._description}: {count}  {rate:,.0f} {self._unit}s/s{eta}  {self._postfix}".rstrip(),
                 file=self.stream,
                 flush=True,
             )

@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from q2real.agents.callbacks import Callback, EvalCallback, StopTraining
+from q2real.agents.callbacks import Callback, EvalCallback, LogCallback, StopTraining
+from q2real.agents.common.progress import Progress
 from q2real.agents.common.run_dir import write_atomic
 from q2real.agents.export import DeployPolicy, write_bundle
 from q2real.agents.onrobot.finetune import FinetuneConfig, Finetuner, HandoffEval
@@ -84,6 +85,7 @@ class RobotLearner(Finetuner):
             )
         self.task = task
         self.callbacks = [c for c in self.callbacks if not isinstance(c, (EvalCallback, HandoffEval))]
+        self.callbacks = [StreamLog() if isinstance(c, LogCallback) else c for c in self.callbacks]
         self.callbacks.append(Publisher())
         self.read_at = self.ring.head  # transitions from the moment the learner is up
         self._pending: deque[tuple] = deque()
@@ -215,6 +217,16 @@ class Publisher(Callback):
             self.version += 1
             trainer.publish(self.version)
             self.last = now
+
+
+class StreamLog(LogCallback):
+    """The learner runs until the node stops it: its progress counts the robot's transitions taken in,
+    with no total to reach and no time left to guess."""
+
+    def on_start(self, trainer) -> None:
+        super().on_start(trainer)
+        self.progress = Progress(None, "robot learner", unit="transition")
+        self.progress.done = trainer.step
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -124,7 +124,9 @@ class RobotLearning:
             raise ConfigError(f"{node.bundle.path}: fine-tuning on the robot runs per-step policies, not chunks")
         self.node, self.settings, self.record = node, settings, record
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.directory = Path(directory or settings.directory or f"runs/finetune-{stamp}")
+        # The run's own folder when the learner runs here, so its fine-tunings stay with it.
+        home = Path(settings.run) if settings.run else Path("runs")
+        self.directory = Path(directory or settings.directory or home / f"finetune-{stamp}")
         self._named_here = not (directory or settings.directory)
         """The directory is this session's own, named by its start time: a failed start removes it."""
         if (self.directory / RING).exists():

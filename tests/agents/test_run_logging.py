@@ -80,6 +80,18 @@ def test_progress_prints_plain_lines_when_not_a_terminal() -> None:
     assert "episode_return=1.5" in lines[0] and lines[-1].startswith("demo: 100/100 steps (100%)")
 
 
+def test_progress_without_a_total_counts_with_no_share_or_eta() -> None:
+    """A learner on a robot's stream runs until it is stopped: no 0 % of a made-up total, no ETA."""
+    stream = io.StringIO()
+    progress = Progress(None, "robot learner", stream=stream, plain_interval_s=0.0, unit="transition")
+    progress.update(1500, episode_return=2.0)
+    progress.update(500)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("robot learner: 1,500 transitions  ") and "transitions/s" in lines[0]
+    assert lines[-1].startswith("robot learner: 2,000 transitions") and "episode_return=2" in lines[-1]
+    assert not any("ETA" in line or "%" in line for line in lines)
+
+
 def test_progress_never_counts_past_its_total() -> None:
     """Eight envs can finish more episodes in one step than were left to record."""
     stream = io.StringIO()

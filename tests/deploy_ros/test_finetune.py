@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -386,12 +387,14 @@ def test_a_learner_that_cannot_start_stops_the_deploy_with_its_reason(tmp_path: 
 
 
 @pytest.mark.slow  # starts (and fails to start) the learner process
-def test_a_failed_start_leaves_no_session_directory_of_its_own(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    config = load(NodeConfig, None, ["autostart=true", f"finetune.run={FIXTURE_RUN}", "finetune.learner=[nope=1]"])
+def test_a_failed_start_leaves_no_session_directory_of_its_own(tmp_path: Path) -> None:
+    """A session's folder goes in the run's own directory, and a start that fails takes it away again."""
+    run = shutil.copytree(FIXTURE_RUN, tmp_path / "run")
+    config = load(NodeConfig, None, ["autostart=true", f"finetune.run={run}", "finetune.learner=[nope=1]"])
     with pytest.raises(ConfigError, match="nope"):
-        deploy(FIXTURE_RUN / "policy.onnx", config, sim=True, duration=5.0, status_every=None)
-    assert not list(tmp_path.glob("runs/finetune-*")), "a failed start left its session directory behind"
+        deploy(run / "policy.onnx", config, sim=True, duration=5.0, status_every=None)
+    assert not list(run.glob("finetune-*")), "a failed start left its session directory behind"
+    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in FIXTURE_RUN.iterdir())
 
 
 def test_a_reward_on_the_reward_input_is_stamped_onto_the_next_tick(tuning: RobotLearning) -> None:
