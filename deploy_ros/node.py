@@ -174,6 +174,8 @@ class PolicyNode:
         self.last_reason = ""
         self._handover = False
         self._autostart = config.autostart
+        self._autostart_refusal = ""
+        """The reason autostart was last refused for, said once."""
         """Armed until the first e-stop: after one, only an explicit start runs the policy again."""
         self._task_command = np.zeros(self.observation.command_dim)
         self._command_heard = self.observation.command_dim == 0
@@ -456,6 +458,13 @@ class PolicyNode:
             self._handover |= started
         if applied.start and not started:
             self._refuse_start(self._why_not_started())
+        elif self._autostart and not started and shield.mode == Mode.PASSIVE and shield.has_pose and not self.waiting:
+            # Autostart tries every tick: its refusal (the robot too far from the default pose to ramp) is
+            # said, and counted, once per reason, not per tick.
+            reason = "auto" + self._why_not_started()
+            if reason != self._autostart_refusal:
+                self._autostart_refusal = reason
+                self._refuse_start(reason)
         if shield.mode == Mode.RAMP and self._handover:
             if fault is None and shield.run():
                 self._handover = False

@@ -401,6 +401,28 @@ def test_a_robot_with_more_joints_than_the_compiled_shield_takes_is_refused_sayi
         PolicyNode(pendulum_bundle)
 
 
+def test_an_autostart_the_shield_refuses_is_said_once_and_starts_when_the_robot_comes_near(tmp_path) -> None:
+    """An arm sagging under a payload, too far from the default pose to ramp: autostart is refused, said
+    and counted once (not per tick), and ramps as soon as the arm is back within reach."""
+    node = PolicyNode(export_fresh_agent("panda_reach", tmp_path / "panda.onnx"), NodeConfig(autostart=True))
+    assert node.on_task_command([0.5, 0.0, 0.4]) is None
+    pose = np.array([float(v) for v in node.spec.array("default_position")])
+    sagged = pose + np.where(np.arange(pose.size) == 1, 1.4, 0.0)  # the shoulder 1.4 rad down
+    now = 100.0
+    for _ in range(20):
+        node.on_joint_state(list(node.joints), list(sagged), [0.0] * pose.size, [], received=now)
+        node.tick(now)
+        now += DT
+    assert node.shield.mode == Mode.PASSIVE
+    assert node.refused["autostart"] == 1 and "autostart: ramp refused" in node.last_refusal, node.refused
+    assert node.diagnostics()["values"]["last_refusal"].startswith("autostart: ramp refused")
+    for _ in range(2):  # a start ramps from the pose the shield measured on the tick before
+        node.on_joint_state(list(node.joints), list(pose), [0.0] * pose.size, [], received=now)
+        node.tick(now)
+        now += DT
+    assert node.shield.mode == Mode.RAMP and node.refused["autostart"] == 1
+
+
 def test_a_ramp_says_whether_the_operator_or_autostart_began_it(pendulum_bundle) -> None:
     for autostart, by in ((True, "autostart"), (False, "operator start")):
         node = PolicyNode(pendulum_bundle, NodeConfig(autostart=autostart))
