@@ -104,7 +104,9 @@ def test_a_cost_veto_needs_a_bundle_with_a_cost_critic(pendulum_bundle) -> None:
 
 
 def _running(bundle, veto: float | None) -> tuple[PolicyNode, float]:
-    config = NodeConfig(autostart=True, cost_veto=veto, shield=ShieldConfig(ramp_time=0.1))
+    # The veto is under test, not the policy's timing: the whole control period for the policy, so a loaded
+    # machine does not turn a tick into a deadline miss (a miss holds the target, and no veto is flagged).
+    config = NodeConfig(autostart=True, cost_veto=veto, shield=ShieldConfig(ramp_time=0.1, deadline=DT))
     node = PolicyNode(bundle, config)
     now = 100.0
     for _ in range(10):
