@@ -174,9 +174,9 @@ class PolicyNode:
         self.last_reason = ""
         self._handover = False
         self._autostart = config.autostart
-        self._autostart_refusal = ""
-        """The reason autostart was last refused for, said once."""
         """Armed until the first e-stop: after one, only an explicit start runs the policy again."""
+        self._autostart_refusal = ""
+        """Why autostart last did not start, said once until it starts or the mode changes."""
         self._task_command = np.zeros(self.observation.command_dim)
         self._command_heard = self.observation.command_dim == 0
         """A policy that reads a task command (a reach target) never runs on a made-up one: the handover
@@ -453,18 +453,21 @@ class PolicyNode:
             self._refuse_start(reason)
         # The shield knows the measured pose from earlier ticks; start() refuses without one.
         started = False
-        if shield.mode == Mode.PASSIVE and (applied.start or self._autostart) and self._controller_listening():
+        passive = shield.mode == Mode.PASSIVE
+        listening = passive and (applied.start or self._autostart) and self._controller_listening()
+        # Autostart asks every tick: it starts once the pose is within the ramp's reach, and a pose out of
+        # reach is said (and counted) once, not refused by the shield tick after tick.
+        out_of_reach = not applied.start and shield.within_ramp() is False
+        if listening and not out_of_reach:
             started = shield.start("operator start" if applied.start else "autostart")
             self._handover |= started
         if applied.start and not started:
             self._refuse_start(self._why_not_started())
-        elif self._autostart and not started and shield.mode == Mode.PASSIVE and shield.has_pose and not self.waiting:
-            # Autostart tries every tick: its refusal (the robot too far from the default pose to ramp) is
-            # said, and counted, once per reason, not per tick.
-            reason = "auto" + self._why_not_started()
-            if reason != self._autostart_refusal:
-                self._autostart_refusal = reason
-                self._refuse_start(reason)
+        elif listening and out_of_reach and self._autostart_refusal != (reason := "auto" + self._why_not_started()):
+            self._autostart_refusal = reason
+            self._refuse_start(reason)
+        if started or not passive:
+            self._autostart_refusal = ""
         if shield.mode == Mode.RAMP and self._handover:
             if fault is None and shield.run():
                 self._handover = False

@@ -161,7 +161,8 @@ class RobotLearningSettings:
     """The trained run the bundle was exported from: the learner continues its checkpoint (critic too)."""
     directory: str | None = None
     """Where the transition ring, every version, the learner's run and its log go; None: a new
-    `finetune-<time>` folder in the trained run's directory (`run`), or in `runs/` for a remote learner."""
+    `finetune-<time>-<suffix>` folder in the trained run's directory (`run`), or in `runs/` for a remote
+    learner."""
     publish_every: float = 5.0
     """Seconds between the learner's published versions once its actor moves."""
     noise_std: float = 0.1

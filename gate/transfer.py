@@ -218,7 +218,9 @@ class TransferGate:
     def ros_row(self) -> Row:
         """The first episodes of the reference, each through the ROS 2 node on the sim robot in real time,
         against the same episodes as trained but started where the node's ramp hands over (the robot at
-        rest at its default pose), not from the reset state the node ramps away from."""
+        rest at its default pose), not from the reset state the node ramps away from. A torque robot's ramp
+        only damps: a pendulum comes to rest hanging, its default pose, near enough; where a passive joint
+        would rest elsewhere this reference is an approximation."""
         env = self.env_on(self.trained_backend, self.env_config.randomization)  # its reset stream: all envs
         try:
             env.reset(seed=self.seed)

@@ -329,7 +329,7 @@ class ReferenceShield:
         if self.mode != Mode.PASSIVE or self._q is None:
             return False
         distance = float(np.max(np.abs(self._from_default(self._q))))
-        if distance > self.config.ramp_max_distance:
+        if not distance <= self.config.ramp_max_distance:  # NaN is refused too
             self._pending_reason = (
                 f"ramp refused: measured pose is {distance:.3f} from the default pose "
                 f"(limit {self.config.ramp_max_distance})"
@@ -341,6 +341,12 @@ class ReferenceShield:
         self._ramp_ticks = 0
         self._set_mode(Mode.RAMP, f"{by}: ramping from the measured pose to the default pose")
         return True
+
+    def within_ramp(self) -> bool | None:
+        """Whether `start` would ramp from the measured pose (None: no valid pose yet), without trying."""
+        if self._q is None:
+            return None
+        return bool(np.max(np.abs(self._from_default(self._q))) <= self.config.ramp_max_distance)
 
     def _from_default(self, q: np.ndarray) -> np.ndarray:
         """How far each joint of `q` is from the default pose, as far as the ramp is concerned. A torque

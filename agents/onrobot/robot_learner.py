@@ -225,8 +225,8 @@ class StreamLog(LogCallback):
 
     def on_start(self, trainer) -> None:
         super().on_start(trainer)
-        self.progress = Progress(None, "robot learner", unit="transition")
-        self.progress.done = trainer.step
+        self.progress.close()  # the bar toward training's total
+        self.progress = Progress(None, "robot learner", unit="transition")  # this session's, from zero
 
 
 def main(argv: list[str] | None = None) -> int:

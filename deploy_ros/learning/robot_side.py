@@ -37,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -126,12 +127,16 @@ class RobotLearning:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         # The run's own folder when the learner runs here, so its fine-tunings stay with it.
         home = Path(settings.run) if settings.run else Path("runs")
-        self.directory = Path(directory or settings.directory or home / f"finetune-{stamp}")
         self._named_here = not (directory or settings.directory)
         """The directory is this session's own, named by its start time: a failed start removes it."""
-        if (self.directory / RING).exists():
-            raise ConfigError(f"finetune.directory: {self.directory} already holds a fine-tuning session")
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if self._named_here:  # created here and nowhere else, even by a session started the same second
+            home.mkdir(parents=True, exist_ok=True)
+            self.directory = Path(tempfile.mkdtemp(prefix=f"finetune-{stamp}-", dir=home))
+        else:
+            self.directory = Path(directory or settings.directory or "")
+            if (self.directory / RING).exists():
+                raise ConfigError(f"finetune.directory: {self.directory} already holds a fine-tuning session")
+            self.directory.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(node.bundle.path, self.directory / f"{version_name(0)}.onnx")
         capacity = max(4 * settings.window, 65_536)
         self.ring = TransitionRing(
@@ -190,7 +195,7 @@ class RobotLearning:
         try:
             cpus = learner_cpus(s.learner_cpus, self.node.config.realtime.cpus)
             self.learner = launch(command, self.directory, s.learner_startup, Placement(cpus, s.learner_nice))
-        except ConfigError:
+        except Exception:
             if self._named_here:  # the error carries the learner's log; nothing else in it is worth keeping
                 self.ring.close()
                 shutil.rmtree(self.directory, ignore_errors=True)

@@ -415,6 +415,7 @@ def test_an_autostart_the_shield_refuses_is_said_once_and_starts_when_the_robot_
         now += DT
     assert node.shield.mode == Mode.PASSIVE
     assert node.refused["autostart"] == 1 and "autostart: ramp refused" in node.last_refusal, node.refused
+    assert node.shield.counters.rules["RAMP_REFUSED"] == 0, "not a refused ramp per tick"
     assert node.diagnostics()["values"]["last_refusal"].startswith("autostart: ramp refused")
     for _ in range(2):  # a start ramps from the pose the shield measured on the tick before
         node.on_joint_state(list(node.joints), list(pose), [0.0] * pose.size, [], received=now)
