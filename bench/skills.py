@@ -535,12 +535,12 @@ def gate_figures(tasks: dict[str, dict]) -> dict[str, object]:
         if not path.is_file():
             continue
         gate = json.loads(path.read_text())
-        bounds = [row["ratio"] if row["low"] is None else row["low"] for row in gate["rows"] if row["required"]]
+        lowers = [row["ratio"] if row["low"] is None else row["low"] for row in gate["rows"] if row["required"]]
         rates = [gate.get(k) for k in ("shield_intervention_rate", "ros_shield_intervention_rate")]
         rates = [rate for rate in rates if rate is not None]
         out[f"{task}_gate_passed"] = gate["passed"]
-        if bounds:
-            out[f"{task}_gate_lowest_lower"] = min(bounds)
+        if lowers:
+            out[f"{task}_gate_lowest_lower"] = min(lowers)
         if rates:
             out[f"{task}_shield_intervention_rate"] = max(rates)
         if gate.get("unshielded_return") is not None and gate["reference_return"] > 0:  # a ratio of returns > 0

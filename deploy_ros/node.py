@@ -457,13 +457,13 @@ class PolicyNode:
         listening = passive and (applied.start or self._autostart) and self._controller_listening()
         # Autostart asks every tick: it starts once the pose is within the ramp's reach, and a pose out of
         # reach is said (and counted) once, not refused by the shield tick after tick.
-        out_of_reach = not applied.start and shield.within_ramp() is False
+        out_of_reach = listening and not applied.start and shield.within_ramp() is False
         if listening and not out_of_reach:
             started = shield.start("operator start" if applied.start else "autostart")
             self._handover |= started
         if applied.start and not started:
             self._refuse_start(self._why_not_started())
-        elif listening and out_of_reach and self._autostart_refusal != (reason := "auto" + self._why_not_started()):
+        elif out_of_reach and self._autostart_refusal != (reason := "auto" + self._why_not_started()):
             self._autostart_refusal = reason
             self._refuse_start(reason)
         if started or not passive:

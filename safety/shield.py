@@ -328,7 +328,7 @@ class ReferenceShield:
         `by` says who started it in the mode change's reason."""
         if self.mode != Mode.PASSIVE or self._q is None:
             return False
-        distance = float(np.max(np.abs(self._from_default(self._q))))
+        distance = self._ramp_distance(self._q)
         if not distance <= self.config.ramp_max_distance:  # NaN is refused too
             self._pending_reason = (
                 f"ramp refused: measured pose is {distance:.3f} from the default pose "
@@ -346,18 +346,18 @@ class ReferenceShield:
         """Whether `start` would ramp from the measured pose (None: no valid pose yet), without trying."""
         if self._q is None:
             return None
-        return bool(np.max(np.abs(self._from_default(self._q))) <= self.config.ramp_max_distance)
+        return self._ramp_distance(self._q) <= self.config.ramp_max_distance
 
-    def _from_default(self, q: np.ndarray) -> np.ndarray:
-        """How far each joint of `q` is from the default pose, as far as the ramp is concerned. A torque
+    def _ramp_distance(self, q: np.ndarray) -> float:
+        """How far the farthest joint of `q` is from the default pose, as far as the ramp is concerned. A torque
         robot's ramp damps and moves nothing, so a continuous joint (no finite limit: a hinge that
         counts whole turns) is as far as the nearest way round; a position robot's ramp would sweep
         every turn of the count, so there the count stands."""
         offset = q - self.default
-        if not self.torque:
-            return offset
-        wrapped = np.remainder(offset + np.pi, 2 * np.pi) - np.pi
-        return np.where(np.isinf(self.hard_lo) & np.isinf(self.hard_hi), wrapped, offset)
+        if self.torque:
+            wrapped = np.remainder(offset + np.pi, 2 * np.pi) - np.pi
+            offset = np.where(np.isinf(self.hard_lo) & np.isinf(self.hard_hi), wrapped, offset)
+        return float(np.max(np.abs(offset)))
 
     def run(self) -> bool:
         """RAMP (finished) -> RUN."""

@@ -164,6 +164,7 @@ def test_a_run_started_from_another_begins_with_its_learner_and_acts_with_it_dur
     resumed.eval_env.close()
 
 
+@pytest.mark.slow  # trains a tiny CrossQ run to start from
 def test_a_run_with_more_observed_terms_starts_from_one_without_them_acting_as_it_did(tmp_path: Path) -> None:
     """A policy trained on the nominal robot seeds one that also sees its earlier actions (a curriculum
     step toward latency): the new input columns start with zero weights, so the new networks compute
