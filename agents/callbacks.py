@@ -85,6 +85,11 @@ class TrainingLoop(Protocol):
     def last_eval_success(self) -> float | None: ...
     @property
     def last_eval_cost(self) -> float | None: ...
+    @property
+    def randomization_strength(self) -> float | None:
+        """Where a curriculum grows the training envs' randomization, its share of the full ranges now."""
+        ...
+
     def evaluate(self, watch: Watch | None = None) -> float: ...
     def pop_update_metrics(self) -> dict[str, float]: ...
     def save_checkpoint(self) -> Path: ...
@@ -222,9 +227,11 @@ class LogCallback(Callback):
             **trainer.episodes.pop(),
             **trainer.pop_update_metrics(),
         }
+        if trainer.randomization_strength is not None:
+            metrics["randomization_strength"] = trainer.randomization_strength
         self._last_step, self._last_time, self._last_updates = trainer.step, now, trainer.agent.updates
         trainer.logger.log(trainer.step, metrics)
-        shown = {k: metrics[k] for k in ("episode_return",) if k in metrics}
+        shown = {k: metrics[k] for k in ("episode_return", "randomization_strength") if k in metrics}
         if trainer.last_eval is not None:
             shown["eval"] = trainer.last_eval
         return shown

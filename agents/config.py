@@ -61,6 +61,12 @@ class TrainConfig:
     that walks, trained on under effects it never met. Algo, task, network shapes and action sizes must
     match, and the observation, but for policy terms appended after the source's (their input weights
     start at zero); the env count may differ."""
+    randomization_ramp_steps: int = 0
+    """A curriculum: env steps over which the training envs' `env.randomization` grows from the nominal
+    robot to its full ranges, in 100 equal steps. Each env keeps its own drawn robot, moved toward nominal
+    (masses, gains, friction, damping, CoM, payload, sensor noise and bias, push sizes; latency rounded to
+    ticks), so a policy that walks on the nominal robot meets the effects a little at a time rather than all
+    at once. Evaluation is always under the full ranges. 0: full ranges from the first step."""
     threads: int = 0
     """torch CPU threads: 0 = auto (on a CPU training device, tuned online between all cores and one, so a
     busy neighbour process cannot stall every update; recorded in meta.json), N = fixed (needed for
@@ -83,7 +89,7 @@ class TrainConfig:
         for key in ("total_steps", "eval_envs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}: expected >= 1, got {getattr(self, key)}")
-        for key in ("warmup_steps", "eval_every", "checkpoint_every", "threads"):
+        for key in ("warmup_steps", "eval_every", "checkpoint_every", "threads", "randomization_ramp_steps"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}: expected >= 0, got {getattr(self, key)}")
         if not 0 < self.updates_per_step < math.inf:
@@ -92,6 +98,11 @@ class TrainConfig:
             raise ValueError(
                 f"replay_capacity: expected >= env.num_envs ({self.env.num_envs}) so one vectorized step fits, "
                 f"got {self.replay_capacity}"
+            )
+        if self.randomization_ramp_steps and self.randomization_ramp_steps > self.total_steps:
+            raise ValueError(
+                f"randomization_ramp_steps: expected <= total_steps ({self.total_steps}) so training reaches the "
+                f"full ranges, got {self.randomization_ramp_steps}"
             )
         if self.stop_return is not None and math.isnan(self.stop_return):
             raise ValueError("stop_return: expected a number or null, got nan")

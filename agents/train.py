@@ -46,6 +46,10 @@ from q2real.agents.training_state import restore, training_state
 from q2real.configs.loader import ConfigError
 from q2real.sim import EnvConfig, VecEnv, make
 from q2real.sim.config import refuse_stepped_actions
+from q2real.sim.randomization import RandomizationConfig
+
+RAMP_LEVELS = 100
+"""Steps of `randomization_ramp_steps`: each re-installs every env's model fields, so not every tick."""
 
 
 class Trainer:
@@ -109,6 +113,8 @@ class Trainer:
         """Env steps one iteration adds to `step`: every rank's envs."""
         self.threads = self._thread_policy()
         self.eval_env = self.make_env(dataclasses.replace(config.env, num_envs=config.eval_envs, seed=self.eval_seed))
+        self._ramp_level: int | None = None
+        """The training envs' randomization level under `randomization_ramp_steps` (None: not set yet)."""
 
     def _check_envs(self) -> None:
         """Refuse a learner the task cannot serve: a cost limit without a safety cost, or a replay and
@@ -121,6 +127,13 @@ class Trainer:
                 "them, `q2real envs --task NAME` says how to switch it on) or another algo"
             )
         check_fits(config.algo, config.agent, config.replay_capacity, env.obs_dim, env.action_dim, env.device)
+        if config.randomization_ramp_steps:
+            randomization = getattr(config.env, "randomization", None)
+            if not hasattr(env, "set_randomization_strength") or randomization == RandomizationConfig():
+                raise ConfigError(
+                    f"randomization_ramp_steps: grows env.randomization, and env.task {config.env.task} with these "
+                    "settings randomizes nothing; set env.randomization's ranges or randomization_ramp_steps=0"
+                )
 
     @contextlib.contextmanager
     def _envs_closed_on_error(self) -> Iterator[None]:
@@ -216,8 +229,24 @@ class Trainer:
         return self.chunks(self.obs) if self.chunks is not None else self.agent.act(self.obs)
 
     # --- one iteration -----------------------------------------------------------------------------
+    @property
+    def randomization_strength(self) -> float | None:
+        if not self.config.randomization_ramp_steps or self._ramp_level is None:
+            return None
+        return self._ramp_level / RAMP_LEVELS
+
+    def ramp_randomization(self) -> None:
+        """Under `randomization_ramp_steps`, the training envs' randomization at this step's level."""
+        ramp = self.config.randomization_ramp_steps
+        level = min(RAMP_LEVELS, self.step * RAMP_LEVELS // ramp)
+        if level != self._ramp_level:
+            self.env.set_randomization_strength(level / RAMP_LEVELS)
+            self._ramp_level = level
+
     def collect(self) -> None:
         env, agent = self.env, self.agent
+        if self.config.randomization_ramp_steps:
+            self.ramp_randomization()
         action = self.warmup_action() if self.step < self.config.warmup_steps else self.policy_action()
         result = env.step(action)
         self.finite.record({"env output next_obs": result.next_obs, "env output reward": result.reward}, self.step)

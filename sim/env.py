@@ -79,9 +79,15 @@ class TaskEnv(VecEnv):
         dr_gen = torch.Generator().manual_seed(config.seed)
         fields = sample_model_fields(model, dr, n, dr_gen, self.task.push_body) if dr.randomizes_physics else None
         self.backend = make_backend(self.backend_name, model, n, substeps(spec, model), self.device, fields)
-        self._obs_bias = (dr.obs_bias * (2 * torch.rand(n, 1, generator=dr_gen) - 1)).to(self.device)
+        self._model = model
+        self._full_bias = (dr.obs_bias * (2 * torch.rand(n, 1, generator=dr_gen) - 1)).to(self.device)
+        self._obs_bias = self._full_bias
         lo, hi = dr.action_latency
-        self._latency = torch.randint(lo, hi + 1, (n,), generator=dr_gen).to(self.device)
+        self._full_latency = torch.randint(lo, hi + 1, (n,), generator=dr_gen).to(self.device)
+        self._latency = self._full_latency
+        self.randomization_strength = 1.0
+        """How far every env's robot and effects are from nominal, as a share of its draw (see
+        `set_randomization_strength`)."""
         self.action_dim = self.task.action_dim
         self.action_scale, self.action_offset = self.task.command_scale, self.task.command_offset
         self.action_steps = self.task.action_steps
@@ -169,7 +175,8 @@ class TaskEnv(VecEnv):
         dr = self.config.randomization
         noise = self._obs_bias  # zeros without obs_bias
         if dr.obs_noise_std > 0:
-            noise = noise + dr.obs_noise_std * torch.randn(obs.shape, generator=self._gen, device=self.device)
+            std = dr.obs_noise_std * self.randomization_strength
+            noise = noise + std * torch.randn(obs.shape, generator=self._gen, device=self.device)
         elif dr.obs_bias == 0:
             return obs
         return obs + (noise if self._sensed is None else noise * self._sensed)
@@ -180,7 +187,7 @@ class TaskEnv(VecEnv):
         # Drawn for every env every tick, so the random stream does not depend on which envs are due.
         heading = 2 * torch.pi * torch.rand(n, generator=self._gen, device=self.device)
         lo, hi = dr.push_force
-        size = lo + (hi - lo) * torch.rand(n, generator=self._gen, device=self.device)
+        size = (lo + (hi - lo) * torch.rand(n, generator=self._gen, device=self.device)) * self.randomization_strength
         gap = torch.randint(dr.push_interval[0], dr.push_interval[1] + 1, (n,), generator=self._gen, device=self.device)
         self._since_push += 1
         due = self._since_push >= self._push_gap
@@ -189,6 +196,23 @@ class TaskEnv(VecEnv):
         self._since_push[due] = 0
         self._push_gap = torch.where(due, gap, self._push_gap)
         return self._xfrc
+
+    def set_randomization_strength(self, strength: float) -> None:
+        """Move every env's randomized robot and effects to `strength` of their drawn distance from nominal
+        (0: the nominal robot, 1: the full draw): model fields, sensor noise and bias, push sizes, and action
+        latency (rounded to ticks). The draws stay those of `env.seed`, so a curriculum grows each env's
+        own robot; random streams and episode state are untouched."""
+        if not 0.0 <= strength <= 1.0:
+            raise ValueError(f"randomization strength: expected 0 <= strength <= 1, got {strength}")
+        dr = self.config.randomization
+        if dr.randomizes_physics:
+            gen = torch.Generator().manual_seed(self.config.seed)  # the draws of __init__, in its order
+            self.backend.set_model_fields(
+                sample_model_fields(self._model, dr, self.num_envs, gen, self.task.push_body, strength)
+            )
+        self._obs_bias = self._full_bias * strength
+        self._latency = torch.floor(self._full_latency * strength + 0.5).long()
+        self.randomization_strength = strength
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         if seed is not None:

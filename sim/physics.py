@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import mujoco
+import numpy as np
 import torch
 
 
@@ -36,6 +37,10 @@ class PhysicsBackend(Protocol):
 
     def set_state(self, mask: torch.Tensor, qpos: torch.Tensor, qvel: torch.Tensor) -> PhysicsState:
         """Overwrite qpos/qvel of the envs where `mask` is true (time and warm-start cleared)."""
+        ...
+
+    def set_model_fields(self, model_fields: dict[str, np.ndarray]) -> None:
+        """Install new per-env values (num_envs, *field.shape) of the model fields given at construction."""
         ...
 
     def full_state(self) -> dict[str, torch.Tensor]:

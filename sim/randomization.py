@@ -88,52 +88,58 @@ class RandomizationConfig:
         return scaled or self.com_offset > 0 or self.armature != (0.0, 0.0) or self.payload != (0.0, 0.0)
 
 
-def _uniform(gen: torch.Generator, low: float, high: float, shape: tuple[int, ...]) -> np.ndarray:
-    sample = torch.rand(shape, generator=gen, dtype=torch.float64)
-    return (low + (high - low) * sample).numpy()
-
-
 def sample_model_fields(
-    model: mujoco.MjModel, config: RandomizationConfig, num_envs: int, gen: torch.Generator, payload_body: int = -1
+    model: mujoco.MjModel,
+    config: RandomizationConfig,
+    num_envs: int,
+    gen: torch.Generator,
+    payload_body: int = -1,
+    strength: float = 1.0,
 ) -> dict[str, np.ndarray]:
     """Per-env values (num_envs, *field.shape) of every model field the config randomizes (the payload
-    goes on `payload_body`)."""
+    goes on `payload_body`). `strength` in [0, 1] moves every drawn value toward nominal (0: the model's
+    own, 1: the full draw) without changing the draws, so a curriculum grows the same robots."""
+
+    def _uniform(low: float, high: float, shape: tuple[int, ...], nominal: float = 1.0) -> np.ndarray:
+        drawn = low + (high - low) * torch.rand(shape, generator=gen, dtype=torch.float64)
+        return (nominal + strength * (drawn - nominal)).numpy()
+
     fields: dict[str, np.ndarray] = {}
     n = num_envs
     if config.mass_scale != (1.0, 1.0):
-        scale = _uniform(gen, *config.mass_scale, (n, model.nbody))
+        scale = _uniform(*config.mass_scale, (n, model.nbody))
         fields["body_mass"] = model.body_mass[None] * scale
         fields["body_inertia"] = model.body_inertia[None] * scale[..., None]
     if config.friction_scale != (1.0, 1.0):
         friction = np.repeat(model.geom_friction[None], n, axis=0)
-        friction[..., 0] *= _uniform(gen, *config.friction_scale, (n, model.ngeom))
+        friction[..., 0] *= _uniform(*config.friction_scale, (n, model.ngeom))
         fields["geom_friction"] = friction
     if config.damping_scale != (1.0, 1.0):
-        fields["dof_damping"] = model.dof_damping[None] * _uniform(gen, *config.damping_scale, (n, model.nv))
+        fields["dof_damping"] = model.dof_damping[None] * _uniform(*config.damping_scale, (n, model.nv))
     gains = (config.actuator_gain_scale, config.kp_scale, config.kd_scale)
     if any(g != (1.0, 1.0) for g in gains):
         # Position actuators: force = kp * ctrl - kp * q - kd * qdot, so a stiffness scale moves gain
         # and bias together; a motor's strength is its gain alone (its bias terms are zero), and it has
         # no stiffness for kp to scale.
-        strength, kp, kd = (_uniform(gen, *g, (n, model.nu)) for g in gains)
+        motor, kp, kd = (_uniform(*g, (n, model.nu)) for g in gains)
         kp = np.where(model.actuator_biastype[None] == mujoco.mjtBias.mjBIAS_AFFINE, kp, 1.0)
         gain = np.repeat(model.actuator_gainprm[None], n, axis=0)
         bias = np.repeat(model.actuator_biasprm[None], n, axis=0)
-        gain[..., 0] *= strength * kp
-        bias[..., 1] *= strength * kp
+        gain[..., 0] *= motor * kp
+        bias[..., 1] *= motor * kp
         bias[..., 2] *= kd
         fields["actuator_gainprm"] = gain
         fields["actuator_biasprm"] = bias
     if config.com_offset > 0:
-        shift = _uniform(gen, -config.com_offset, config.com_offset, (n, model.nbody, 3))
+        shift = _uniform(-config.com_offset, config.com_offset, (n, model.nbody, 3), 0.0)
         shift[:, 0] = 0.0  # the world body has no mass to move
         fields["body_ipos"] = model.body_ipos[None] + shift
     if config.armature != (0.0, 0.0):
-        fields["dof_armature"] = model.dof_armature[None] + _uniform(gen, *config.armature, (n, model.nv))
+        fields["dof_armature"] = model.dof_armature[None] + _uniform(*config.armature, (n, model.nv), 0.0)
     if config.payload != (0.0, 0.0):
         mass = fields.get("body_mass", np.repeat(model.body_mass[None], n, axis=0)).copy()
         own = mass[:, payload_body].copy()
-        mass[:, payload_body] += _uniform(gen, *config.payload, (n,))
+        mass[:, payload_body] += _uniform(*config.payload, (n,), 0.0)
         fields["body_mass"] = mass
         # MuJoCo compensates gravcomp * mass; a controller's gravity model knows the link, not the load.
         gravcomp = np.repeat(model.body_gravcomp[None], n, axis=0)

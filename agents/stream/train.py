@@ -99,6 +99,7 @@ class StreamTrainer:
         self.last_eval: float | None = None
         self.last_eval_success: float | None = None
         self.last_eval_cost: float | None = None
+        self.randomization_strength: float | None = None  # no curriculum: the env's ranges throughout
         self._metric_sums: dict[str, torch.Tensor] = {}
         self._metric_count = 0
         self.obs = self.env.reset(seed=config.env.seed)

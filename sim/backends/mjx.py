@@ -66,10 +66,10 @@ class MjxBackend:
         self.device = device
         mx = mjx.put_model(model, impl="jax")
         axes = jax.tree.map(lambda _: None, mx)
-        if model_fields:
-            mx = mx.tree_replace({k: jnp.asarray(v, dtype=getattr(mx, k).dtype) for k, v in model_fields.items()})
-            axes = axes.tree_replace({k: 0 for k in model_fields})
         self._mx = mx
+        if model_fields:
+            self.set_model_fields(model_fields)
+            axes = axes.tree_replace({k: 0 for k in model_fields})
         initial = mjx.make_data(mjx.put_model(model, impl="jax"))
         self._initial = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_envs, *x.shape)), initial)
         self._step, self._reset = _programs(substeps, axes)
@@ -93,6 +93,11 @@ class MjxBackend:
             self._mx, self._data, self._initial, _to_jax(mask.to(torch.float32)) > 0.5, _to_jax(qpos), _to_jax(qvel)
         )
         return self._view()
+
+    def set_model_fields(self, model_fields: dict[str, np.ndarray]) -> None:
+        """New values of the fields batched at construction: same shapes, so the compiled step is reused."""
+        mx = self._mx
+        self._mx = mx.tree_replace({k: jnp.asarray(v, dtype=getattr(mx, k).dtype) for k, v in model_fields.items()})
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """Every leaf of the batched mjx.Data, for checkpoints."""

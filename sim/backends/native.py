@@ -50,9 +50,8 @@ class NativeBackend:
         self.device = device
         # rollout takes one model per env; they are copies only where randomization makes them differ.
         self._models = [copy.copy(model) for _ in range(num_envs)] if model_fields else [model] * num_envs
-        for name, values in (model_fields or {}).items():
-            for env_model, value in zip(self._models, values, strict=True):
-                getattr(env_model, name)[:] = value
+        if model_fields:
+            self.set_model_fields(model_fields)
         nthread = min(os.cpu_count() or 1, num_envs) if nthread is None else nthread
         self._pool = rollout.Rollout(nthread=nthread if nthread > 1 else 0)
         self._datas = [mujoco.MjData(model) for _ in range(max(nthread, 1))]
@@ -116,6 +115,11 @@ class NativeBackend:
                 mujoco.mj_forward(self._models[row], data)
                 self._sensor[row] = data.sensordata
         return self._view()
+
+    def set_model_fields(self, model_fields: dict[str, np.ndarray]) -> None:
+        for name, values in model_fields.items():
+            for env_model, value in zip(self._models, values, strict=True):
+                getattr(env_model, name)[:] = value
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """Exact (float64) physics state of every env, for checkpoints."""

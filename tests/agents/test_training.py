@@ -17,6 +17,7 @@ import yaml
 from q2real.agents.callbacks import Callback
 from q2real.agents.common.checkpoint import load_checkpoint
 from q2real.agents.common.guard import NonFiniteError
+from q2real.agents.common.metrics import read_metrics
 from q2real.agents.config import TrainConfig, load_run_config
 from q2real.agents.train import Trainer, resume, train
 from q2real.configs.loader import ConfigError, load, to_dict
@@ -201,3 +202,52 @@ def test_starting_from_a_run_that_does_not_fit_names_what_differs(tmp_path: Path
         Trainer(small(tmp_path, "lost", "sac", (f"init_from={tmp_path / 'nowhere'}",)))
     with pytest.raises(Exception, match=r"init_from: a residual run starts from its base policy"):
         load(ResidualTrainConfig, None, [f"init_from={first}"])
+
+
+class Strengths(Callback):
+    """The training and evaluation envs' randomization strength after each iteration."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, float, float]] = []
+
+    def on_iteration(self, trainer: Trainer) -> None:
+        self.seen.append((trainer.step, trainer.env.randomization_strength, trainer.eval_env.randomization_strength))
+
+
+RAMPED = ("env.randomization.mass_scale=[0.5,1.5]", "env.randomization.action_latency=[0,2]")
+
+
+def test_a_randomization_ramp_grows_the_training_envs_and_resumes_where_it_was(tmp_path: Path) -> None:
+    """The strength of the iteration that collected step s is s's level of 100; evaluation runs the full
+    ranges throughout; the log and console carry it; a resume re-installs the level of its step."""
+    seen = Strengths()
+    config = small(tmp_path, "ramp", extra=(*RAMPED, "randomization_ramp_steps=400"))
+    trainer = train(config, [seen])
+    collected_at = [0] + [step for step, _, _ in seen.seen[:-1]]
+    assert [s for _, s, _ in seen.seen] == [min(100, c * 100 // 400) / 100 for c in collected_at]
+    assert seen.seen[-1][1] == 1.0 and 0.0 < seen.seen[len(seen.seen) // 2][1] < 1.0
+    assert all(full == 1.0 for _, _, full in seen.seen)
+    rows = read_metrics(trainer.path / "metrics.jsonl")
+    logged = [row["randomization_strength"] for row in rows if "randomization_strength" in row]
+    assert logged == [0.49, 0.99, 1.0]  # at steps 200, 400, 600: the last iteration's collect sets each
+    mid = Trainer(small(tmp_path, "ramp", extra=(*RAMPED, "randomization_ramp_steps=400")), resume=trainer.path)
+    try:
+        mid.step = 200  # as a checkpoint of step 200 would restore it
+        mid.collect()
+        assert mid.env.randomization_strength == 0.5
+    finally:
+        mid.env.close()
+        mid.eval_env.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("randomization_ramp_steps=400",), "randomization_ramp_steps: grows env.randomization, and env.task"),
+        ((*RAMPED, "randomization_ramp_steps=900"), "randomization_ramp_steps: expected <= total_steps"),
+        ((*RAMPED, "randomization_ramp_steps=-1"), "randomization_ramp_steps: expected >= 0"),
+    ],
+)
+def test_a_randomization_ramp_that_cannot_grow_anything_is_refused(tmp_path: Path, extra, message: str) -> None:
+    with pytest.raises((ConfigError, ValueError), match=message):
+        Trainer(small(tmp_path, "bad", extra=extra))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -181,3 +183,98 @@ def test_a_payload_loads_the_arm_past_its_gravity_compensation() -> None:
         sag[payload] = float((q - env.task.default_pose).abs().max())
         env.close()
     assert sag[0.0] < 1e-3 and sag[3.0] > 0.01, sag
+
+
+FULL = RandomizationConfig(
+    mass_scale=(0.5, 1.5),
+    friction_scale=(0.7, 1.3),
+    damping_scale=(0.1, 3.0),
+    actuator_gain_scale=(0.6, 1.1),
+    kp_scale=(0.7, 1.2),
+    kd_scale=(0.5, 2.0),
+    com_offset=0.05,
+    armature=(0.0, 0.02),
+    payload=(1.0, 4.0),
+)
+
+
+def test_strength_moves_each_drawn_robot_toward_nominal_without_redrawing_it() -> None:
+    """0 is the model's own values, 1 the full draw, 0.5 halfway to it on every linear field; the payload's
+    gravity compensation still covers the link's own mass alone."""
+    model = load_model(robot_spec("panda"))
+    wrist = model.nbody - 2
+
+    def fields(strength: float) -> dict[str, np.ndarray]:
+        return sample_model_fields(model, FULL, 16, torch.Generator().manual_seed(3), wrist, strength)
+
+    zero, half, full = fields(0.0), fields(0.5), fields(1.0)
+    assert full.keys() == sample_model_fields(model, FULL, 16, torch.Generator().manual_seed(3), wrist).keys()
+    for name, values in full.items():
+        nominal = np.broadcast_to(getattr(model, name), values.shape)
+        assert np.array_equal(zero[name], nominal), name
+        assert not np.allclose(values, nominal), name
+        if name not in ("body_gravcomp", "actuator_gainprm", "actuator_biasprm"):  # those: products of draws
+            assert np.allclose(half[name], (nominal + values) / 2, rtol=1e-12, atol=1e-15), name
+    kd = model.actuator_biasprm[None, :, 2]
+    assert np.allclose(half["actuator_biasprm"][..., 2] - kd, (full["actuator_biasprm"][..., 2] - kd) / 2)
+    unloaded = dataclasses.replace(FULL, payload=(0.0, 0.0))  # the payload is drawn last: the same links
+    for strength, drawn in ((0.5, half), (1.0, full)):
+        own = sample_model_fields(model, unloaded, 16, torch.Generator().manual_seed(3), wrist, strength)
+        compensated = drawn["body_gravcomp"][:, wrist] * drawn["body_mass"][:, wrist]
+        assert np.allclose(compensated, own["body_mass"][:, wrist])
+        assert (drawn["body_mass"][:, wrist] - own["body_mass"][:, wrist]).min() >= strength * 1.0 - 1e-9
+
+
+def _pendulum(dr: RandomizationConfig, strengths: tuple[float, ...] = ()) -> list[torch.Tensor]:
+    env = make(task="pendulum_swingup", num_envs=8, backend="mujoco", device="cpu", randomization=dr)
+    for strength in strengths:
+        env.set_randomization_strength(strength)
+    env.reset(seed=4)
+    gen = torch.Generator().manual_seed(0)
+    return [env.step(torch.rand(8, 1, generator=gen) * 2 - 1).next_obs for _ in range(25)]
+
+
+def test_an_env_at_zero_strength_is_the_nominal_robot_and_back_at_one_its_own_draw() -> None:
+    """Physics, latency and sensor bias all follow the strength, exactly."""
+    dr = RandomizationConfig(
+        mass_scale=(0.5, 1.5), damping_scale=(0.1, 3.0), armature=(0.0, 0.02), action_latency=(2, 2), obs_bias=0.2
+    )
+    nominal, drawn = _pendulum(RandomizationConfig()), _pendulum(dr)
+    assert all(torch.equal(a, b) for a, b in zip(_pendulum(dr, (0.0,)), nominal, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(_pendulum(dr, (0.0, 0.3, 1.0)), drawn, strict=True))
+    half = _pendulum(dr, (0.5,))
+    assert (half[-1] - nominal[-1]).abs().max() > 1e-2 and (half[-1] - drawn[-1]).abs().max() > 1e-2
+
+
+def test_latency_and_noise_follow_the_strength() -> None:
+    env = make(
+        task="pendulum_swingup",
+        num_envs=512,
+        backend="mujoco",
+        device="cpu",
+        randomization=RandomizationConfig(action_latency=(0, 3), obs_noise_std=0.1),
+    )
+    full = env._latency.clone()
+    clean = make(task="pendulum_swingup", num_envs=512, backend="mujoco", device="cpu").reset(seed=0)
+    for strength, latency in ((0.0, {0}), (0.5, {0, 1, 2}), (1.0, {0, 1, 2, 3})):
+        env.set_randomization_strength(strength)
+        assert set(env._latency.tolist()) == latency
+        assert torch.equal(env._latency, torch.floor(full * strength + 0.5).long())
+        assert (env.reset(seed=0) - clean).std().item() == pytest.approx(0.1 * strength, abs=0.01)
+    with pytest.raises(ValueError, match="expected 0 <= strength <= 1, got 1.5"):
+        env.set_randomization_strength(1.5)
+
+
+def test_pushes_follow_the_strength() -> None:
+    def run(dr: RandomizationConfig, strength: float) -> torch.Tensor:
+        env = make(task="gr1_stand", num_envs=4, backend="mujoco", device="cpu", randomization=dr)
+        env.set_randomization_strength(strength)
+        env.reset(seed=0)
+        for _ in range(10):
+            obs = env.step(torch.zeros(4, env.action_dim)).next_obs
+        return obs
+
+    pushed = RandomizationConfig(push_force=(200.0, 300.0), push_interval=(3, 3))
+    calm = run(RandomizationConfig(), 1.0)
+    assert torch.equal(run(pushed, 0.0), calm)
+    assert (run(pushed, 0.5) - calm).abs().max() > 0.05
