@@ -20,7 +20,7 @@ Each is deployed with `q2real deploy --sim` on the sim robot, in real time over 
               (it only scores the ticks: the reward is computed the same way in both runs)
   fine-tuned  `--finetune`: noise 0.3 bounded 0.5 for pendulum, the node's default 0.1 / 0.3 for the
               arm (`--noise`), the rest at its defaults: a version every 5 s once the actor moves
-              (after 3000 transitions), each judged over 1500 ticks against the 1500 before
+              (after 3000 transitions), each on trial in turns with the last good version
   no learner  plain deploy, for the node's tick latency without a learner beside it (shorter)
 
 On the robot, return is the mean reward per tick over one episode's window (10 s, 2 s) times its

@@ -104,6 +104,10 @@ class OnRobotLearning(Protocol):
 
     def on_reward(self, value: float) -> None: ...
 
+    def diagnostics(self) -> dict[str, object]:
+        """Its progress for /diagnostics and the console (keys `finetune.*`)."""
+        ...
+
 
 class PolicyNode:
     """Bundle + observation builder + shield, with the node's inputs and its tick."""
@@ -658,6 +662,8 @@ class PolicyNode:
         values |= {f"refused.{k}": v for k, v in sorted(self.refused.copy().items())}
         values |= {f"shield.{k}": v for k, v in shield.counters.rules.items() if v}
         values |= self.figures.sample()
+        if self.learning is not None:
+            values |= self.learning.diagnostics()
         return {"level": level, "message": mode.name, "values": {k: str(v) for k, v in values.items()}}
 
 

@@ -326,6 +326,14 @@ def _status_line(node: PolicyNode, refused_before: int = 0) -> tuple[str, int]:
     figures = figures_line(report)
     if figures:
         notes.insert(0, f"figures: {figures}")
+    if "finetune.version" in report:
+        notes.append(
+            f"finetune: v{report['finetune.version']} runs (good v{report['finetune.good_version']}), "
+            f"{report['finetune.transitions']} transitions, learner at {report['finetune.learner_steps']} steps "
+            f"and {report['finetune.learner_updates']} updates; versions {report['finetune.versions']}"
+        )
+        if "finetune.trial" in report:
+            notes.append(f"trial: {report['finetune.trial']}")
     if refused > refused_before:
         notes.append(f"refused: {report['last_refusal']}")
     line = (

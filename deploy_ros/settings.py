@@ -169,12 +169,21 @@ class RobotLearningSettings:
     """Exploration: Gaussian noise (action units) on the policy's action before the shield..."""
     noise_bound: float = 0.3
     """...clipped to +-this, and the sum to [-1, 1]; the shield then treats it like any action."""
-    window: int = 1500
-    """Ticks a new version runs before it is judged against the same number of ticks before it."""
-    return_drop: float = 0.2
-    """Roll back when the mean reward per tick falls by more than this fraction of the one before..."""
-    intervention_rise: float = 0.1
-    """...or the share of ticks on which the shield changed the action rises by more than this."""
+    segment: int = 25
+    """Ticks a new version and the last good one each run before the other takes over: on trial they
+    take turns, paired in alternating order (new, good), (good, new), ..., and each pair compares the
+    two (`q2real.deploy_ros.learning.trial`)."""
+    min_pairs: int = 6
+    """Pairs of segments before a version may be accepted..."""
+    max_pairs: int = 40
+    """...and after which one that is neither accepted nor thrown out is rolled back."""
+    confidence: float = 0.95
+    """One-sided confidence of the bounds that abort and accept a version."""
+    return_drop: float = 0.1
+    """Tolerated drop in reward per tick, as a fraction of the last good version's: worse by more at
+    `confidence` and the version is rolled back at once; no worse by more, and it is accepted..."""
+    intervention_rise: float = 0.05
+    """...and the same for the share of ticks on which the shield changed the action (a rise in points)."""
     parity_tolerance: float = 1e-3
     """Largest difference (action units) between a candidate's ONNX outputs and the learner's own on
     the probe observations; more and the candidate is refused."""
@@ -213,7 +222,10 @@ class RobotLearningSettings:
         checks.number("finetune.publish_every", self.publish_every, at_least=0.5, at_most=3600.0)
         checks.number("finetune.noise_std", self.noise_std, at_least=0.0, at_most=0.5)
         checks.number("finetune.noise_bound", self.noise_bound, at_least=0.0, at_most=0.5)
-        checks.number("finetune.window", self.window, at_least=10, at_most=1_000_000)
+        checks.number("finetune.segment", self.segment, at_least=5, at_most=100_000)
+        checks.number("finetune.max_pairs", self.max_pairs, at_least=2, at_most=1000)
+        checks.number("finetune.min_pairs", self.min_pairs, at_least=2, at_most=self.max_pairs)
+        checks.number("finetune.confidence", self.confidence, at_least=0.5, at_most=0.99)
         checks.number("finetune.return_drop", self.return_drop, above=0.0, at_most=1.0)
         checks.number("finetune.intervention_rise", self.intervention_rise, above=0.0, at_most=1.0)
         checks.number("finetune.parity_tolerance", self.parity_tolerance, above=0.0, at_most=0.1)

@@ -186,7 +186,8 @@ class RobotLearner(Finetuner):
         np.savez(stem.with_suffix(".probe.npz"), obs=obs.numpy(), commands=commands.numpy())
         write_bundle(self.config, self.env, agent, self.step, stem.with_suffix(".onnx"))
         announcement = {"version": version, "bundle": f"{stem.name}.onnx", "probe": f"{stem.name}.probe.npz"}
-        write_atomic(self.directory / CANDIDATE, json.dumps(announcement | {"step": self.step}))
+        progress = {"step": self.step, "updates": agent.updates}  # shown by the node's console and diagnostics
+        write_atomic(self.directory / CANDIDATE, json.dumps(announcement | progress))
 
     def roll_back(self, version: int) -> None:
         state = torch.load(self.directory / f"{version_name(version)}.pt", weights_only=True)

@@ -12,13 +12,13 @@ off the tick:
   same robot, observation, action mapping and control period, reproduce the learner's own outputs
   on the probe observations within `parity_tolerance`, and give finite commands in range; a refused
   candidate is counted, never run;
-- swaps a valid one in between two ticks and puts it on trial: after `window` ticks its mean reward
-  per tick (computed by the learner from the joint states) and its share of ticks the shield had to
-  change are compared with the `window` ticks before it, all run by the last good version (after a
-  rollback the good version first runs a fresh window: the robot may have changed since it was
-  judged, so no older figure is a fair reference); worse by a margin, the node rolls back to the last
-  good version and tells the learner (which reloads that actor). One version is on trial at a time;
-  candidates published meanwhile wait, and the newest is taken next;
+- swaps a valid one in between two ticks and puts it on trial: it and the last good version take
+  turns in segments of `segment` ticks, paired in alternating order, and each pair compares their
+  mean reward per tick (computed by the learner from the joint states) and share of ticks the shield
+  had to change (`q2real.deploy_ros.learning.trial`). Worse than tolerated by a one-sided bound over
+  the pairs so far, it is rolled back at once and the learner told (it reloads that actor); no worse
+  by the opposite bound, it is kept; undecided after `max_pairs`, it is rolled back.
+  One version is on trial at a time; candidates published meanwhile wait, and the newest is taken next;
 - notices the learner's death: the node keeps running, on the last good version (a version on trial
   is rolled back, since nobody can judge it any more).
 
@@ -31,6 +31,7 @@ link (`q2real.deploy_ros.learning.link`), which mirrors this directory to it, an
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -62,6 +63,7 @@ from q2real.contracts.transitions import (
 )
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.learning.learner_process import Placement, launch, learner_command, learner_cpus
+from q2real.deploy_ros.learning.trial import Segment, TrialRule, Verdict, new_runs, verdict
 from q2real.deploy_ros.node import PolicyNode, Tick
 from q2real.deploy_ros.settings import RobotLearningSettings
 from q2real.hardware.spec import differences
@@ -93,8 +95,11 @@ def _without_command_ranges(observation: Any) -> Any:
 @dataclass
 class Trial:
     version: int
-    start: int
-    """Ring row at which it took over."""
+    bundle: PolicyBundle
+    starts: list[int]
+    """Ring rows at which each segment began (`new_runs` says whose it is); the last is running now."""
+    verdict: Verdict = field(default_factory=lambda: Verdict("wait", "no pair finished yet"))
+    """The comparison on the segments finished so far."""
 
 
 @dataclass
@@ -138,7 +143,7 @@ class RobotLearning:
                 raise ConfigError(f"finetune.directory: {self.directory} already holds a fine-tuning session")
             self.directory.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(node.bundle.path, self.directory / f"{version_name(0)}.onnx")
-        capacity = max(4 * settings.window, 65_536)
+        capacity = max(4 * settings.segment * (2 * settings.max_pairs + 1), 65_536)
         self.ring = TransitionRing(
             self.directory / RING, capacity, info.obs_dim, info.action_dim, len(node.names), create=True
         )
@@ -149,6 +154,8 @@ class RobotLearning:
         self.learner: subprocess.Popen | None = None
         self.learner_alive = True
         self._announced = ""
+        self.learner_progress = {"step": 0, "updates": 0}
+        """The learner's env steps and updates at its newest announcement."""
         self._reward_in: deque[float] = deque(maxlen=1)
         """The newest value from the reward input (a deque: appending and taking are atomic across threads)."""
         self._stop = threading.Event()
@@ -231,6 +238,25 @@ class RobotLearning:
             "events": list(counts.events),
         }
 
+    def diagnostics(self) -> dict[str, object]:
+        counts, trial = self.counts, self.trial
+        values: dict[str, object] = {
+            "finetune.version": self.node.version,
+            "finetune.good_version": self.good_version,
+            "finetune.transitions": self.ring.head,
+            "finetune.learner_steps": self.learner_progress["step"],
+            "finetune.learner_updates": self.learner_progress["updates"],
+            "finetune.versions": (
+                f"{counts.swaps} tried, {counts.accepted} accepted, {counts.rollbacks} rolled back, "
+                f"{counts.refused} refused"
+            ),
+        }
+        if trial is not None:
+            values["finetune.trial"] = f"version {trial.version}: {trial.verdict.detail}"
+        elif not self.learner_alive:
+            values["finetune.trial"] = "none: the learner is gone, the last good version runs"
+        return values
+
     # --- the watcher -----------------------------------------------------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_PERIOD):
@@ -245,17 +271,8 @@ class RobotLearning:
                 self._roll_back("the learner is gone, so the version on trial cannot be judged")
         if self.trial is not None:
             self._judge()
-        elif self.learner_alive and self._baseline_ready():
+        elif self.learner_alive:
             self._take_candidate()
-
-    def _baseline_ready(self) -> bool:
-        """A candidate is judged against the good version as it does now, on this robot: the last
-        `window` ticks must all have run it (after a rollback, a fresh window first)."""
-        window, head = self.settings.window, self.ring.head
-        if head < window:
-            return False
-        versions = self.ring.rows["version"][np.arange(head - window, head) % self.ring.capacity]
-        return bool((versions == self.node.version).all())
 
     def _take_candidate(self) -> None:
         path = self.directory / CANDIDATE
@@ -269,6 +286,7 @@ class RobotLearning:
         try:
             announcement = json.loads(text)
             version = int(announcement["version"])
+            self.learner_progress = {k: int(announcement.get(k, 0)) for k in ("step", "updates")}
             bundle = self.validate(
                 self.directory / Path(announcement["bundle"]).name, self.directory / Path(announcement["probe"]).name
             )
@@ -282,7 +300,7 @@ class RobotLearning:
             return
         previous = self.node.version
         self.node.swap(bundle, version)
-        self.trial = Trial(version, self.ring.head)
+        self.trial = Trial(version, bundle, [self.ring.head])
         self.counts.swaps += 1
         self._event("swapped", version, f"from version {previous}")
 
@@ -327,40 +345,43 @@ class RobotLearning:
         return bundle
 
     def _judge(self) -> None:
-        trial, window = self.trial, self.settings.window
+        """Hand over to the other version once a segment is done, then decide on the pairs finished."""
+        trial = self.trial
         assert trial is not None
-        base_start = trial.start - window
-        rewards, versions, rewarded = self.ring.rewards_since(max(base_start, 0))
-        if rewarded < trial.start + window:
-            return
-        first = rewarded - len(rewards)
-        index = np.arange(first, rewarded)
-        flags = self.ring.rows["flags"][index % self.ring.capacity]
-        running = (flags & RUN) > 0
-        before = running & (index < trial.start) & (index >= base_start)
-        after = running & (index >= trial.start) & (index < trial.start + window) & (versions == trial.version)
-        if after.sum() < window // 2:  # it took the robot out of RUN, or nobody let it run: never kept
-            self._roll_back(f"the policy ran on {after.sum()} of its {window} ticks; a version is kept on its record")
-            return
-        if before.sum() < window // 2:
-            self._roll_back(
-                f"the policy ran on {before.sum()} of the {window} ticks before it: nothing to compare with"
-            )
-            return
-        with np.errstate(all="ignore"):
-            reward_before, reward_after = _mean(rewards[before]), _mean(rewards[after])
-        changed = (flags & CHANGED) > 0
-        rate_before, rate_after = changed[before].mean(), changed[after].mean()
-        detail = (
-            f"reward per tick {reward_after:.4g} vs {reward_before:.4g} before; "
-            f"shield changed {rate_after:.1%} vs {rate_before:.1%} of ticks"
-        )
+        if self.ring.head - trial.starts[-1] >= self.settings.segment:
+            if new_runs(len(trial.starts)) != new_runs(len(trial.starts) - 1):
+                self.node.swap(*self._version(trial, len(trial.starts)))
+            trial.starts.append(self.ring.head)
         s = self.settings
-        worse = reward_after < reward_before - s.return_drop * abs(reward_before)
-        if not math.isfinite(reward_after) or worse or rate_after > rate_before + s.intervention_rise:
-            self._roll_back(detail)
-        else:
-            self._accept(trial, detail)
+        rule = TrialRule(s.min_pairs, s.max_pairs, s.confidence, s.return_drop, s.intervention_rise)
+        trial.verdict = verdict(rule, self._pairs(trial))
+        if trial.verdict.decision == "abort":
+            self._roll_back(trial.verdict.detail)
+        elif trial.verdict.decision == "accept":
+            if self.node.version != trial.version:
+                self.node.swap(trial.bundle, trial.version)
+            self._accept(trial, trial.verdict.detail)
+
+    def _version(self, trial: Trial, segment: int) -> tuple[PolicyBundle, int]:
+        return (trial.bundle, trial.version) if new_runs(segment) else (self.good, self.good_version)
+
+    def _pairs(self, trial: Trial) -> list[tuple[Segment, Segment]]:
+        """The trial's finished pairs of segments with rewards, as (the good version's, the new one's)."""
+        rewards, versions, rewarded = self.ring.rewards_since(trial.starts[0])
+        index = np.arange(rewarded - len(rewards), rewarded)
+        flags = self.ring.rows["flags"][index % self.ring.capacity]
+        finished: dict[bool, Segment] = {}
+        pairs: list[tuple[Segment, Segment]] = []
+        for k, (first, end) in enumerate(itertools.pairwise(trial.starts)):
+            if end > rewarded:
+                break
+            version = self._version(trial, k)[1]
+            ran = (index >= first) & (index < end) & (versions == version) & ((flags & RUN) > 0)
+            changed = float(((flags[ran] & CHANGED) > 0).mean()) if ran.any() else math.nan
+            finished[new_runs(k)] = Segment(_mean(rewards[ran]), changed, int(ran.sum()), end - first)
+            if k % 2:
+                pairs.append((finished[False], finished[True]))
+        return pairs
 
     def _accept(self, trial: Trial, detail: str) -> None:
         self.good, self.good_version = self.node.bundle, trial.version

@@ -83,7 +83,9 @@ def test_rewards_go_back_to_the_node_with_each_rows_version(tmp_path: Path) -> N
     [
         ("finetune.noise_bound=0.8", "finetune.noise_bound"),
         ("finetune.noise_std=-0.1", "finetune.noise_std"),
-        ("finetune.window=5", "finetune.window"),
+        ("finetune.segment=4", "finetune.segment"),
+        ("finetune.min_pairs=50", "finetune.min_pairs"),
+        ("finetune.confidence=0.9999", "finetune.confidence"),
         ("finetune.parity_tolerance=nan", "finetune.parity_tolerance"),
         ("finetune.publish_every=0", "finetune.publish_every"),
         ("finetune.learner=[run=/elsewhere]", "finetune.learner"),
@@ -140,13 +142,13 @@ def test_exploration_noise_is_bounded_and_stays_in_the_action_range(action, std,
 @pytest.fixture()
 def tuning(pendulum_bundle: Path, tmp_path: Path):
     events: list[dict] = []
-    settings = RobotLearningSettings(run="unused", window=20)
+    settings = RobotLearningSettings(run="unused", segment=10, min_pairs=2, max_pairs=6)
     config = NodeConfig(autostart=True, require_subscriber=False)
     node = PolicyNode(pendulum_bundle, config, RobotLearning.attach(settings, tmp_path / "ft", record=events.append))
     tuning = node.learning
     assert isinstance(tuning, RobotLearning)
     tuning.events = events  # pyright: ignore[reportAttributeAccessIssue]
-    _run_ticks(tuning, 20, reward=0.4)  # a window of the deployed version: the first trial's reference
+    _run_ticks(tuning, 20, reward=0.4)  # the deployed version runs a while before the first candidate
     return tuning
 
 
@@ -248,7 +250,7 @@ def test_a_candidate_with_command_ranges_may_replace_a_bundle_written_before_the
     running = tmp_path / "running.onnx"
     onnx.save(model, str(running))
     seal(running)
-    settings = RobotLearningSettings(run="unused", window=20)
+    settings = RobotLearningSettings(run="unused")
     node = PolicyNode(running, NodeConfig(require_subscriber=False), RobotLearning.attach(settings, tmp_path / "ft"))
     assert isinstance(node.learning, RobotLearning)
     obs = np.random.default_rng(0).normal(size=(16, node.bundle.info.obs_dim)).astype(np.float32)
@@ -265,34 +267,68 @@ def _run_ticks(tuning: RobotLearning, count: int, reward: float, changed: float 
     ring.write_rewards(start, np.full(count, reward, dtype=np.float32))
 
 
+def _trial_ticks(tuning: RobotLearning, rewards: dict[int, float], changed: dict[int, float]) -> dict[int, int]:
+    """Run segments until the trial ends, each rewarded by the version that ran it; the ticks each ran."""
+    ran: dict[int, int] = {}
+    while tuning.trial is not None:
+        version = tuning.node.version
+        _run_ticks(tuning, 10, reward=rewards[version], changed=changed[version])
+        ran[version] = ran.get(version, 0) + 10
+        tuning.check()
+        assert sum(ran.values()) <= 200, "a trial that never ends"
+    return ran
+
+
 @pytest.mark.parametrize(
     "after, changed, outcome",
-    [(0.5, 0.0, "accepted"), (0.2, 0.0, "rolled_back"), (0.5, 0.5, "rolled_back"), (math.nan, 0.0, "rolled_back")],
+    [(0.5, 0.0, "accepted"), (0.2, 0.0, "rolled_back"), (0.4, 0.5, "rolled_back"), (math.nan, 0.0, "rolled_back")],
 )
-def test_a_version_on_trial_is_judged_against_the_window_before_it(
+def test_a_version_on_trial_takes_turns_with_the_last_good_one_and_is_judged_on_their_pairs(
     tuning: RobotLearning, tmp_path: Path, after: float, changed: float, outcome: str
 ) -> None:
     _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
     tuning.check()
     assert tuning.node.version == 1 and tuning.trial is not None
-    _run_ticks(tuning, 10, reward=after, changed=changed)
-    tuning.check()  # half a window: no verdict yet
-    assert tuning.trial is not None
-    _run_ticks(tuning, 10, reward=after, changed=changed)
-    tuning.check()
-    assert tuning.trial is None and tuning.events[-1]["event"] == outcome  # pyright: ignore[reportAttributeAccessIssue]
+    _run_ticks(tuning, 5, reward=after, changed=changed)
+    tuning.check()  # half a segment: the new version runs on, no verdict
+    assert tuning.node.version == 1 and tuning.trial is not None
+    _run_ticks(tuning, 5, reward=after, changed=changed)
+    tuning.check()  # its segment is done: the good version's turn
+    assert tuning.node.version == 0 and tuning.trial is not None
+    ran = _trial_ticks(tuning, {0: 0.4, 1: after}, {0: 0.0, 1: changed})
+    event = tuning.events[-1]  # pyright: ignore[reportAttributeAccessIssue]
+    assert event["event"] == outcome, event
     if outcome == "accepted":
         assert tuning.node.version == 1 and tuning.good_version == 1
+        # Pairs (new, good), (good, new): the first segment of the new version ran before the loop.
+        assert "no worse at 95%: 2 pairs" in event["detail"] and ran == {0: 20, 1: 10}
     else:
         assert tuning.node.version == 0 and tuning.counts.rollbacks == 1
         assert json.loads((tuning.directory / ROLLBACK).read_text())["refused"] == 1
-        # The next candidate is judged against the good version as it runs now: a fresh window first.
+        # Two pairs bound a reward; a share of ten ticks is coarser (its binomial error) and takes three.
+        assert ran.get(1, 0) <= 20, "a worse version runs three segments at most"
+        # The next candidate goes on trial at once, against the good version as it runs now.
         _candidate(tuning, 2, _export(tmp_path, "next.onnx", seed=2))
         tuning.check()
-        assert tuning.node.version == 0
-        _run_ticks(tuning, 20, reward=0.3)
-        tuning.check()
         assert tuning.node.version == 2
+
+
+def test_the_trial_shows_where_it_stands_on_diagnostics_and_the_console(tuning: RobotLearning, tmp_path: Path) -> None:
+    from q2real.deploy_ros.session import _status_line
+
+    values = tuning.node.diagnostics()["values"]
+    assert values["finetune.version"] == "0" and values["finetune.transitions"] == "20"
+    assert "finetune.trial" not in values
+    _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
+    tuning.check()
+    for reward in (0.5, 0.4):
+        _run_ticks(tuning, 10, reward=reward)
+        tuning.check()
+    values = tuning.node.diagnostics()["values"]
+    assert values["finetune.trial"].startswith("version 1: 1 pairs: reward per tick +0.1")
+    assert values["finetune.versions"] == "1 tried, 0 accepted, 0 rolled back, 0 refused"
+    line, _ = _status_line(tuning.node)
+    assert "finetune: v0 runs (good v0), 40 transitions" in line and "trial: version 1: 1 pairs" in line
 
 
 def test_losing_the_learner_rolls_back_a_version_on_trial_and_the_node_keeps_running(
@@ -330,7 +366,7 @@ def test_fine_tuning_over_dds_swaps_versions_keeps_its_deadlines_and_survives_th
             f"finetune.run={FIXTURE_RUN}",
             f"finetune.directory={tmp_path / 'ft'}",
             "finetune.publish_every=2",
-            "finetune.window=200",
+            "finetune.segment=50",
             "finetune.learner=[warmup_steps=100,actor_start=300,log.interval_steps=200]",
             f"record={tmp_path / 'bag'}",
         ],
@@ -456,14 +492,16 @@ def test_each_row_holds_what_the_policy_asked_for_beside_what_the_shield_sent(
 
 
 def test_a_version_under_which_the_policy_did_not_run_is_rolled_back_not_kept(tuning: RobotLearning, tmp_path) -> None:
-    """Out of RUN for most of its window (it tripped the shield, or the operator stopped it): there
+    """Out of RUN for most of its segment (it tripped the shield, or the operator stopped it): there
     is no record to keep it on."""
     _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
     tuning.check()
     ring, start = tuning.ring, tuning.ring.head
-    for i in range(20):
-        ring.append(start + i, np.zeros(3), np.zeros(1), np.zeros(1), np.zeros(1), 1, RUN if i < 5 else 0)
-    ring.write_rewards(start, np.full(20, 0.9, dtype=np.float32))
+    for i in range(10):
+        ring.append(start + i, np.zeros(3), np.zeros(1), np.zeros(1), np.zeros(1), 1, RUN if i < 3 else 0)
+    ring.write_rewards(start, np.full(10, 0.9, dtype=np.float32))
+    tuning.check()  # the good version's turn
+    _run_ticks(tuning, 10, reward=0.4)
     tuning.check()
     assert tuning.node.version == 0 and tuning.events[-1]["event"] == "rolled_back"  # pyright: ignore[reportAttributeAccessIssue]
-    assert "the policy ran on 5 of its 20 ticks" in tuning.events[-1]["detail"]  # pyright: ignore[reportAttributeAccessIssue]
+    assert "the policy ran on 3 of its 10 ticks in pair 1" in tuning.events[-1]["detail"]  # pyright: ignore[reportAttributeAccessIssue]

@@ -255,7 +255,7 @@ def test_deploy_with_a_remote_learner_swaps_in_the_versions_it_sends(tmp_path: P
         first = server.stdout.readline() if server.stdout else ""
         port = re.search(r"connects to port (\d+)", first)
         assert port, first + server.communicate(timeout=10)[0]
-        overrides = ["autostart=true", f"finetune.learner_address=127.0.0.1:{port.group(1)}", "finetune.window=200"]
+        overrides = ["autostart=true", f"finetune.learner_address=127.0.0.1:{port.group(1)}", "finetune.segment=50"]
         config = load(NodeConfig, None, [*overrides, f"finetune.directory={tmp_path / 'robot'}"])
         duration = 25.0
         summary = deploy(FIXTURE_RUN / "policy.onnx", config, sim=True, duration=duration, status_every=None)
