@@ -6,7 +6,9 @@ file, so the seeds of one task can run in separate sittings), from the task's sk
 env.task_params.critic_terms=true`; the preset alone is recipe `preset`). A preset with a `residual:`
 section (a base policy, demonstrations in every batch: `residual_panda_push`) runs on the residual
 trainer. A run stops after
-`--minutes` of wall-clock (training, evaluation and all) or at the preset's `total_steps`. Every
+`--minutes` of wall-clock (training, evaluation and all) or at the preset's `total_steps`; `--resume`
+continues the same recipe and seed's run from its checkpoint for another `--minutes` (its curve, time
+and kept point carry on), so a run of several hours is done in parts and is still one run. Every
 `--eval-every` env steps the deterministic policy is judged on `--episodes` seeded episodes of the
 training env's randomization (the same seeds at every point):
 
@@ -14,6 +16,7 @@ training env's randomization (the same seeds at every point):
                  them zero): mean |v_xy - cmd_xy| (m/s) and |w_z - cmd_z| (rad/s) over the steps
                  the robot is up, the share of episodes that end in a fall, and the share of
                  steps whose target the shield's rate limit cut (a gait that leans on it);
+  gr1_joystick   the same for the humanoid walking, with the preset's pushes;
   gr1_stand      20 s episodes with the preset's pushes: the share still standing at the end;
   panda_push     the task's episodes: the share that puts the cube on the target.
 
@@ -33,8 +36,9 @@ recipe whose median over its seeds of each seed's delivered figures falls least 
 by the worst figure's ratio to its floor, so that a run tracking better while falling far more does
 not outrank one that stays up; that recipe's medians):
 `spot_tracking_error_lin`, `spot_tracking_error_ang`, `spot_fall_rate`, `gr1_stand_rate`,
-`push_success`, each with the median seed's interval (`<key>_low`, `<key>_high`) and the median at one
-tick of latency (`<key>_latency1`) where the runs recorded them; per run also `env_steps`, `updates`,
+`gr1_tracking_error_lin`, `gr1_tracking_error_ang`, `gr1_fall_rate`, `push_success`, each with the
+median seed's interval (`<key>_low`, `<key>_high`) and the median at one tick of latency
+(`<key>_latency1`) where the runs recorded them; per run also `env_steps`, `updates`,
 `seconds`. From the full transfer gate on a task's bundle, when `bench/results/skills/<task>_transfer.json`
 holds one (`q2real transfer bench/results/skills/runs/<task> --ros` writes it as the run's
 `transfer.json`, copied there; replacing the bundle deletes it): `<task>_gate_passed`,
@@ -65,7 +69,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from q2real.agents.callbacks import Callback, Every, StopTraining, deterministic_policy, evaluate_episodes
-from q2real.agents.common.checkpoint import CHECKPOINT
+from q2real.agents.common.checkpoint import CHECKPOINT, load_checkpoint
 from q2real.agents.config import TrainConfig
 from q2real.agents.jobs import job_kind
 from q2real.agents.train import Trainer
@@ -89,6 +93,7 @@ SKILLS = RESULTS / "skills"
 PRESETS = {
     "spot_joystick": "crossq_spot_joystick",
     "gr1_stand": "crossq_gr1_legs_stand",
+    "gr1_joystick": "crossq_gr1_joystick",
     "panda_push": "crossq_panda_push",
 }
 EVAL_SEED = 777_000
@@ -224,6 +229,16 @@ SKILLS_BY_TASK = {
         frozenset({"tracking_error_lin", "tracking_error_ang", "fall_rate"}),
     ),
     "gr1_stand": Skill(locomotion, {"gr1_stand_rate": "stand_rate"}, {"stand_rate": 0.95}),
+    "gr1_joystick": Skill(
+        locomotion,
+        {
+            "gr1_tracking_error_lin": "tracking_error_lin",
+            "gr1_tracking_error_ang": "tracking_error_ang",
+            "gr1_fall_rate": "fall_rate",
+        },
+        {"tracking_error_lin": 0.25, "tracking_error_ang": 0.3, "fall_rate": 0.05},
+        frozenset({"tracking_error_lin", "tracking_error_ang", "fall_rate"}),
+    ),
     "panda_push": Skill(
         manipulation,
         {"push_success": "success"},
@@ -257,14 +272,30 @@ class SkillCurve(Callback):
         keep_best: bool = False,
     ):
         self.skill, self.env, self.budget, self.on_point, self.keep_best = skill, env, budget, on_point, keep_best
+        self.interval = every
         self.every = Every(every, 0)
         self.points: list[dict[str, float]] = []
         self.kept: dict[str, float] | None = None
         self.kept_weights: dict[str, torch.Tensor] = {}
         self.start = time.monotonic()
+        self.earlier = 0.0
+        """Seconds the run took in its earlier parts (`--resume`), counted into every point's `seconds`."""
+
+    def continue_from(self, trainer, earlier: dict) -> None:
+        """Continue the curve of an earlier part of this run (its saved result) from the step `trainer`
+        resumed at: its points up to that step, its time, and with `keep_best` its kept point and weights."""
+        self.points = [p for p in earlier["curve"] if p["env_steps"] <= trainer.step]
+        self.earlier = self.points[-1]["seconds"] if self.points else 0.0
+        selected = earlier.get("selected")
+        if self.keep_best and selected is not None:
+            kept = [p for p in self.points if p["env_steps"] == selected]
+            if kept and (trainer.path / SELECTED).is_file():
+                self.kept = kept[-1]
+                self.kept_weights = load_checkpoint(trainer.path / SELECTED)["agent"]
 
     def on_start(self, trainer) -> None:
         self.start = time.monotonic()
+        self.every = Every(self.interval, trainer.step)  # the same grid of points across parts
 
     def point(self, trainer) -> None:
         began = time.monotonic()
@@ -275,7 +306,7 @@ class SkillCurve(Callback):
             online = self.skill.measure(judged_policy(agent, self.env, averaged=False), self.env, EVAL_SEED)
             figures |= {f"{ONLINE}{k}": v for k, v in online.items()}
             shown += f" (online actor: {brief(online)})"
-        point = {"env_steps": trainer.step, "updates": agent.updates, "seconds": began - self.start}
+        point = {"env_steps": trainer.step, "updates": agent.updates, "seconds": began - self.start + self.earlier}
         self.points.append(point | figures | {"eval_seconds": time.monotonic() - began})
         print(f"  skill at {trainer.step:,} env steps, {point['seconds'] / 60:.1f} min: {shown}", flush=True)
         if self.keep_best and (self.kept is None or self.skill.shortfall(figures) <= self.skill.shortfall(self.kept)):
@@ -322,11 +353,13 @@ def run(
     save: Callable[[dict], None],
     preset: str | None = None,
     keep_best: bool = False,
+    earlier: dict | None = None,
 ) -> dict:
     """Train `preset` (the task's CPU skill preset by default) with `overrides`, judged as it goes; the
     run's figures so far go to `save` at every point (`complete` false until it ends), so a run cut
     short keeps its curve. With `keep_best` the run delivers its best point's policy, judged at the end
-    on held-out episodes (`kept`), instead of its last."""
+    on held-out episodes (`kept`), instead of its last. `earlier`: this run's saved result, whose run
+    directory it continues from its checkpoint for another `minutes` (`--resume`)."""
     preset = preset or PRESETS[task]
     seeded = [f"env.seed={seed}", *overrides]
     # A preset or recipe with a `residual:` section (a base policy, demonstrations in the batches) runs
@@ -360,13 +393,18 @@ def run(
             "episodes": episodes,
             "final": {k: v for k, v in last.items() if k not in ("env_steps", "updates", "seconds", "eval_seconds")},
             "curve": list(curve.points),
+            "selected": curve.kept["env_steps"] if curve.kept is not None else None,
             "base": base,
             **({"kept": kept} if keep_best else {}),
         }
 
     curve = SkillCurve(skill, env, every, minutes * 60, lambda: save(result(False)), keep_best)
     try:
-        trainer = trainer_class(config, [curve])
+        resume = Path(earlier["run_dir"]) if earlier is not None else None
+        trainer = trainer_class(config, [curve], resume=resume)
+        if earlier is not None:
+            curve.continue_from(trainer, earlier)
+            print(f"  resumed {resume} at {trainer.step:,} env steps, {curve.earlier / 60:.1f} min", flush=True)
         trainer.run()
     finally:
         env.close()
@@ -624,6 +662,11 @@ def main() -> None:
         help="deliver the point that falls least short of the floors, judged again on held-out episodes "
         "(part of the recipe)",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue this recipe and seed's run from its checkpoint for another --minutes: one run in parts",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides on top of the preset")
     args = parser.parse_args()
     preset = args.preset or PRESETS[args.task]
@@ -647,7 +690,18 @@ def main() -> None:
             )
         return tasks
 
-    merged_recipes()  # refuse a clash before an hour of training, not after
+    earlier = None
+    if args.resume:
+        earlier = merged_recipes().get(args.task, {}).get("recipes", {}).get(args.recipe, {}).get("seeds", {})
+        earlier = earlier.get(str(args.seed))
+        if earlier is None or not earlier.get("run_dir") or not (Path(earlier["run_dir"]) / CHECKPOINT).is_file():
+            where = earlier.get("run_dir") if earlier else None
+            parser.error(
+                f"--resume: no run of --task {args.task} --recipe {args.recipe} --seed {args.seed} with a checkpoint "
+                f"to continue ({path}: run directory {where})"
+            )
+    else:
+        merged_recipes()  # refuse a clash before an hour of training, not after
     episodes = SKILLS_BY_TASK[args.task].episodes if args.episodes is None else args.episodes
     if episodes < 1:
         parser.error(f"--episodes: expected >= 1, got {episodes}")
@@ -670,7 +724,16 @@ def main() -> None:
         return tasks
 
     result = run(
-        args.task, args.seed, args.minutes, args.eval_every, episodes, args.overrides, save, preset, args.keep_best
+        args.task,
+        args.seed,
+        args.minutes,
+        args.eval_every,
+        episodes,
+        args.overrides,
+        save,
+        preset,
+        args.keep_best,
+        earlier,
     )
     tasks = save(result)
     figures = headline(tasks) | gate_figures(tasks)

@@ -120,6 +120,7 @@ class TaskEnv(VecEnv):
         self.physics = self.backend.set_state(*self._initial(torch.ones(n, dtype=torch.bool)))
         """The true physical state after the last reset or step (after auto-resets), for tools that act
         like a robot's drivers (the transfer gate's shields read joint states from it)."""
+        self.task.reset_memory(torch.ones(n, dtype=torch.bool, device=self.device), self.physics)
         terms = self.task.observed_terms(self.physics)
         self.obs_names = tuple(terms)
         self.obs_dims = tuple(t.shape[-1] for t in terms.values())
@@ -218,8 +219,12 @@ class TaskEnv(VecEnv):
         if seed is not None:
             self._gen.manual_seed(seed)
         self.physics = physics = self.backend.set_state(*self._initial(torch.ones(self.num_envs, dtype=torch.bool)))
+        self.task.reset_memory(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), physics)
         self._steps.zero_()
         self._since_push.zero_()
+        # Drawn afresh, so a seeded reset starts the same shoves whatever the env did before.
+        lo, hi = self.config.randomization.push_interval
+        self._push_gap = torch.randint(lo, hi + 1, (self.num_envs,), generator=self._gen, device=self.device)
         self._action_queue.zero_()
         self.task.last_action.zero_()
         self.task.action_history.zero_()
@@ -237,6 +242,7 @@ class TaskEnv(VecEnv):
         )
         everyone = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
         self.physics = self.backend.set_state(everyone, qpos, torch.zeros_like(self.physics.qvel))
+        self.task.reset_memory(everyone, self.physics)
         return self._observe(self.physics)
 
     def step(self, action: torch.Tensor) -> StepResult:
@@ -261,6 +267,7 @@ class TaskEnv(VecEnv):
             if self.config.shield_penalty > 0:
                 penalty = self.config.shield_penalty * torch.where(changed, (wanted - applied).abs(), 0.0).mean(-1)
         physics = self.backend.step(self.task.action_to_ctrl(applied), self._push() if self._pushes else None)
+        self.task.advance(physics, applied)
         reward, shares = self.task.weighed_reward(physics, applied)
         self._steps += 1
         if self._command_every:
@@ -289,6 +296,7 @@ class TaskEnv(VecEnv):
         done = result.done
         if self.reset_every_step or done.any():
             physics = self.backend.set_state(*self._initial(done))
+            self.task.reset_memory(done, physics)
             self._steps[done] = 0
             self._action_queue[done] = 0.0
             self.task.last_action = torch.where(done[:, None], 0.0, self.task.last_action)
@@ -309,10 +317,11 @@ class TaskEnv(VecEnv):
             "last_action": self.task.last_action.cpu(),
             "action_history": self.task.action_history.cpu(),
             "pushes": torch.stack([self._since_push, self._push_gap]).cpu(),
+            "task_memory": {k: v.cpu() for k, v in self.task.memory().items()},
         } | ({"shield_previous": self._clamps.previous.cpu()} if self._clamps is not None else {})
 
     def load_state_dict(self, state: dict) -> None:
-        self.backend.load_full_state(state["physics"])
+        self.physics = self.backend.load_full_state(state["physics"])  # the shield's clamps read it next step
         self._steps.copy_(state["steps"])
         self._action_queue.copy_(state["action_queue"])
         self._gen.set_state(state["generator"])
@@ -321,6 +330,7 @@ class TaskEnv(VecEnv):
         # A checkpoint from before the term existed holds none: the history starts empty.
         history = state.get("action_history", torch.zeros_like(self.task.action_history))
         self.task.action_history = history.to(self.device)
+        self.task.load_memory({k: v.to(self.device) for k, v in state.get("task_memory", {}).items()})
         self._since_push.copy_(state["pushes"][0])
         self._push_gap.copy_(state["pushes"][1])
         if self._clamps is not None:

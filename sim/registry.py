@@ -13,6 +13,7 @@ from q2real.sim.task import Task, TaskConfig
 from q2real.sim.tasks.arm_push import ArmPush
 from q2real.sim.tasks.arm_reach import ArmReach
 from q2real.sim.tasks.cartpole import CartpoleSwingup
+from q2real.sim.tasks.gr1_joystick import GR1Joystick
 from q2real.sim.tasks.gr1_legs_stand import GR1LegsStand
 from q2real.sim.tasks.gr1_stand import GR1Stand
 from q2real.sim.tasks.pendulum import PendulumSwingup
@@ -31,6 +32,7 @@ TASKS: dict[str, type[Task]] = {
     "spot_joystick": SpotJoystick,
     "gr1_stand": GR1Stand,
     "gr1_legs_stand": GR1LegsStand,
+    "gr1_joystick": GR1Joystick,
     "hopper_velocity": HopperVelocity,
     "walker2d_velocity": Walker2dVelocity,
     "half_cheetah_velocity": HalfCheetahVelocity,

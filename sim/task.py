@@ -172,6 +172,23 @@ class Task(ABC):
         new = self.sample_command(mask.shape[0], gen)
         self.command = new if len(self.command) != len(new) else torch.where(mask[:, None], new, self.command)
 
+    def advance(self, physics: PhysicsState, action: torch.Tensor) -> None:
+        """Update per-env memory the reward reads (how long a foot has been in the air) with the state a
+        step ended in and the action that reached the actuators; the env calls it once per step, before
+        the reward. None by default."""
+        del physics, action
+
+    def reset_memory(self, mask: torch.Tensor, physics: PhysicsState) -> None:
+        """Start that memory afresh for the envs where `mask` is true, just reset to `physics`."""
+        del mask, physics
+
+    def memory(self) -> dict[str, torch.Tensor]:
+        """That memory, for checkpoints (`load_memory` takes it back)."""
+        return {}
+
+    def load_memory(self, memory: dict[str, torch.Tensor]) -> None:
+        del memory
+
     @abstractmethod
     def initial_state(self, num_envs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample (qpos, qvel) for `num_envs` fresh episodes."""

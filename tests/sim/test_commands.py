@@ -16,8 +16,12 @@ def command_slice(env) -> slice:
     return slice(start, start + env.task.command_dim)
 
 
-def test_spot_draws_a_fresh_command_every_command_every_steps_and_pays_the_old_one() -> None:
-    env = make(task="spot_joystick", num_envs=8, device="cpu", backend="mujoco", task_params={"command_every": 3})
+JOYSTICKS = ["spot_joystick", "gr1_joystick"]
+
+
+@pytest.mark.parametrize("task", JOYSTICKS)
+def test_a_joystick_draws_a_fresh_command_every_command_every_steps_and_pays_the_old_one(task: str) -> None:
+    env = make(task=task, num_envs=8, device="cpu", backend="mujoco", task_params={"command_every": 3})
     obs = env.reset(seed=0)
     action = torch.zeros(8, env.action_dim)
     first = env.task.command.clone()
@@ -39,14 +43,21 @@ def test_spot_draws_a_fresh_command_every_command_every_steps_and_pays_the_old_o
     assert physics_before is not env.physics
 
 
-def test_a_share_of_spot_commands_is_zero_and_the_rest_stay_in_their_ranges() -> None:
-    env = make(task="spot_joystick", num_envs=1, device="cpu", backend="mujoco")
+@pytest.mark.parametrize(
+    ("task", "ranges"),
+    [
+        ("spot_joystick", [(-1.0, 1.0), (-0.5, 0.5), (-1.0, 1.0)]),
+        ("gr1_joystick", [(-0.5, 1.0), (-0.3, 0.3), (-0.8, 0.8)]),
+    ],
+)
+def test_a_share_of_joystick_commands_is_zero_and_the_rest_fill_their_ranges(task: str, ranges) -> None:
+    env = make(task=task, num_envs=1, device="cpu", backend="mujoco")
     commands = env.task.sample_command(20_000, torch.Generator().manual_seed(0))
     zero = (commands == 0).all(-1).float().mean()
     assert 0.09 < float(zero) < 0.11  # zero_command_share 0.1
-    config = env.task.config
-    for column, (lo, hi) in enumerate((config.forward_speed, config.lateral_speed, config.yaw_rate)):
-        assert lo <= float(commands[:, column].min()) and float(commands[:, column].max()) <= hi
+    for column, (lo, hi) in enumerate(ranges):
+        low, high = float(commands[:, column].min()), float(commands[:, column].max())
+        assert lo <= low < lo + 0.01 and hi - 0.01 < high <= hi
 
 
 @pytest.mark.parametrize(

@@ -58,3 +58,17 @@ def test_a_floating_chain_or_an_unknown_body_is_refused() -> None:
         BodyPoint(model, model.body(model.nbody - 1).name, [0, 0, 0], torch.device("cpu"))
     with pytest.raises(ConfigError, match="no body 'hand2'"):
         BodyPoint(model, "hand2", [0, 0, 0], torch.device("cpu"))
+
+
+def test_a_point_on_a_floating_robot_is_where_mujoco_puts_it() -> None:
+    """GR1's foot under a random base pose (an unnormalized quaternion too) and random leg joints."""
+    model = load_model(robot_spec("gr1_legs"))
+    offset = np.array([0.02, 0.01, -0.03])
+    point = BodyPoint(model, "left_foot", offset, torch.device("cpu"), floating=True)
+    gen = np.random.default_rng(1)
+    qpos = model.qpos0 + gen.uniform(-1.0, 1.0, (32, model.nq))
+    qpos[:, 3:7] = gen.normal(size=(32, 4)) * 1.3
+    got = point(torch.from_numpy(qpos)).double().numpy()
+    index = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "left_foot")
+    expected = np.stack([_mujoco_point(model, q, index, offset) for q in qpos])
+    np.testing.assert_allclose(got, expected, atol=1e-5)

@@ -278,3 +278,20 @@ def test_pushes_follow_the_strength() -> None:
     calm = run(RandomizationConfig(), 1.0)
     assert torch.equal(run(pushed, 0.0), calm)
     assert (run(pushed, 0.5) - calm).abs().max() > 0.05
+
+
+def test_a_seeded_reset_starts_the_same_shoves_whatever_the_env_did_before() -> None:
+    """Every point of a skill curve resets its judge with one seed: the episodes, pushes included, must not
+    depend on the points judged before."""
+    dr = RandomizationConfig(push_force=(200.0, 300.0), push_interval=(5, 40))
+
+    def episode(env) -> list[torch.Tensor]:
+        env.reset(seed=1)
+        return [env.step(torch.zeros(4, env.action_dim)).next_obs for _ in range(45)]
+
+    used = make(task="gr1_stand", num_envs=4, backend="mujoco", device="cpu", randomization=dr)
+    used.reset(seed=0)
+    for _ in range(23):
+        used.step(torch.zeros(4, used.action_dim))
+    fresh = make(task="gr1_stand", num_envs=4, backend="mujoco", device="cpu", randomization=dr)
+    assert all(torch.equal(a, b) for a, b in zip(episode(used), episode(fresh), strict=True))

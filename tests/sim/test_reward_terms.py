@@ -216,3 +216,47 @@ def test_each_tasks_reward_is_the_number_its_summed_expression_gave() -> None:
         old = task.forward_speed(physics) + alive - control * action.pow(2).sum(-1)
         assert torch.equal(task.reward(physics, action), old), name
         env.close()
+
+
+def test_gr1_joystick_terms_on_a_hand_built_state() -> None:
+    """Both envs stand on the default pose, feet on the ground. Env 0 is asked to walk: its left foot
+    lands after 0.5 s in the air, both feet slid 1 cm over the tick, its waist yaw is 0.05 rad past the
+    soft limit and its action moved 0.5 on one joint. Env 1 is asked to stand, 1 cm above standing height
+    with its waist pitched 0.1 rad: its landing pays nothing."""
+    env = env_of("gr1_joystick")
+    task = env.task
+    b = task._base_q
+    qpos, qvel = state(env).qpos, torch.zeros_like(env.physics.qvel)
+    qpos[:, b : b + 7] = torch.tensor([0.0, 0.0, task.height, 1.0, 0.0, 0.0, 0.0])
+    qpos[:, task.qpos_index] = task.default_pose
+    qpos[0, task.qpos_index[0]] = float(task.soft_high[0]) + 0.05
+    qpos[1, b + 2] += 0.01
+    qpos[1, task.qpos_index[1]] += 0.1
+    task.command = torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    physics = state(env, qpos, qvel)
+    feet = task.feet_position(physics)
+    task.reset_memory(torch.ones(2, dtype=torch.bool), physics)
+    task._memory["contact"] = torch.tensor([[False, True], [False, True]])
+    task._memory["air_time"] = torch.tensor([[0.48, 0.0], [0.48, 0.0]])
+    task._memory["feet"] = feet - torch.tensor([0.01, 0.0, 0.0])
+    action = torch.zeros(2, env.action_dim)
+    action[0, 3] = 0.5
+    task.advance(physics, action)
+    terms = task.reward_terms(physics, action)
+    expected = {
+        "base_height": [0.0, 1e-4],
+        "feet_air_time": [0.5 - 0.4, 0.0],
+        "feet_slip": [2 * 0.5**2, 2 * 0.5**2],
+        "action_rate": [0.25, 0.0],
+        "joint_limits": [0.05, 0.0],
+        "stand_still": [0.0, 0.1],
+    }
+    assert list(terms)[:5] == ["tracking_lin_vel", "tracking_ang_vel", "lin_vel_z", "ang_vel_xy", "orientation"]
+    for name, value in expected.items():
+        assert terms[name].tolist() == pytest.approx(value, abs=1e-5), name
+    assert task._memory["air_time"].tolist() == [[0.0, 0.0], [0.0, 0.0]], "on the ground, the clocks restart"
+    lifted = state(env, qpos + torch.tensor([0.0, 0.0, 0.05] + [0.0] * (qpos.shape[1] - 3)), qvel)
+    task.advance(lifted, action)
+    assert task._memory["contact"].tolist() == [[False, False], [False, False]]
+    assert task._memory["air_time"].flatten().tolist() == pytest.approx([0.02] * 4)
+    env.close()

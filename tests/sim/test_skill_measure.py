@@ -334,3 +334,61 @@ def test_a_preset_with_demonstrations_runs_on_the_residual_trainer_and_its_bundl
     assert result["final"] == pytest.approx(result["base"], abs=1e-4), "the untouched residual is its base"
     held_out = {k: v for k, v in result["held_out"].items() if not k.startswith(bench.LATENCY1)}
     assert held_out == pytest.approx(result["held_out_base"], abs=1e-4), "and is on the held-out episodes too"
+
+
+@pytest.mark.slow  # three short CrossQ runs on push, each judged on 256 held-out episodes at the end
+def test_a_run_resumed_in_parts_continues_its_curve_replay_and_learner_exactly(tmp_path: Path) -> None:
+    """`--resume`: a run stopped at 600 env steps and continued to 1200 ends where one run straight to 1200
+    does: the same learner and replay, and the same skill at every point of the curve's grid; its kept
+    point and time carry over."""
+    from q2real.agents.common.checkpoint import load_checkpoint
+
+    bench = skills_bench()
+    small = [
+        "env.num_envs=4",
+        "warmup_steps=200",
+        "crossq.actor_hidden=[32,32]",
+        "crossq.critic_hidden=[32,32]",
+        "crossq.batch_size=32",
+        "crossq.renorm_warmup=50",
+        "checkpoint_every=0",
+        "checkpoint_replay=true",
+        "replay_capacity=2000",
+        "threads=1",
+        f"log.root={tmp_path}",
+    ]
+
+    def part(name: str, steps: int, earlier: dict | None = None) -> dict:
+        overrides = [*small, f"total_steps={steps}", f"log.name={name}"]
+        return bench.run("panda_push", 0, 60.0, 400, 2, overrides, lambda _: None, keep_best=True, earlier=earlier)
+
+    straight = part("straight", 1200)
+    first = part("parts", 600)
+    assert first["env_steps"] == 600 and first["selected"] is not None
+    resumed = part("parts", 1200, first)
+    assert resumed["run_dir"] == first["run_dir"] and resumed["env_steps"] == 1200
+    steps = [p["env_steps"] for p in resumed["curve"]]
+    assert steps == [400, 600, 800, 1200], "the points of both parts, on one grid"
+    seconds = [p["seconds"] for p in resumed["curve"]]
+    assert seconds == sorted(seconds) and seconds[1] == first["curve"][-1]["seconds"]
+    grid = {p["env_steps"]: p for p in straight["curve"]}
+    for point in resumed["curve"]:
+        if point["env_steps"] in grid:
+            mine = {k: v for k, v in point.items() if "seconds" not in k}
+            theirs = {k: v for k, v in grid[point["env_steps"]].items() if "seconds" not in k}
+            assert mine == theirs
+    assert resumed["kept"] == {**straight["kept"], "seconds": resumed["kept"]["seconds"]}
+    a, b = (load_checkpoint(Path(r["run_dir"]) / "checkpoint.pt") for r in (straight, resumed))
+    for key in ("agent", "replay"):
+        flat_a, flat_b = _tensors(a[key]), _tensors(b[key])
+        assert flat_a.keys() == flat_b.keys() and all(torch.equal(flat_a[k], flat_b[k]) for k in flat_a), key
+
+
+def _tensors(tree, prefix: str = "") -> dict[str, torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return {prefix: tree}
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _tensors(value, f"{prefix}/{key}").items()}
+    if isinstance(tree, list | tuple):
+        return {k: v for i, value in enumerate(tree) for k, v in _tensors(value, f"{prefix}/{i}").items()}
+    return {}
