@@ -285,7 +285,8 @@ class SkillCurve(Callback):
         """Continue the curve of an earlier part of this run (its saved result) from the step `trainer`
         resumed at: its points up to that step, its time, and with `keep_best` its kept point and weights."""
         self.points = [p for p in earlier["curve"] if p["env_steps"] <= trainer.step]
-        self.earlier = self.points[-1]["seconds"] if self.points else 0.0
+        # The run's wall-clock up to its checkpoint, or to the last point judged after it.
+        self.earlier = max([trainer.logger.elapsed, *(p["seconds"] for p in self.points)])
         selected = earlier.get("selected")
         if self.keep_best and selected is not None:
             kept = [p for p in self.points if p["env_steps"] == selected]

@@ -173,6 +173,9 @@ class RobotLearningSettings:
     """Ticks a new version and the last good one each run before the other takes over: on trial they
     take turns, paired in alternating order (new, good), (good, new), ..., and each pair compares the
     two (`q2real.deploy_ros.learning.trial`)."""
+    settle: int = 5
+    """First ticks of each segment left out of its figures: right after a handover the robot still moves
+    as the other version left it."""
     min_pairs: int = 6
     """Pairs of segments before a version may be accepted..."""
     max_pairs: int = 40
@@ -222,10 +225,16 @@ class RobotLearningSettings:
         checks.number("finetune.publish_every", self.publish_every, at_least=0.5, at_most=3600.0)
         checks.number("finetune.noise_std", self.noise_std, at_least=0.0, at_most=0.5)
         checks.number("finetune.noise_bound", self.noise_bound, at_least=0.0, at_most=0.5)
-        checks.number("finetune.segment", self.segment, at_least=5, at_most=100_000)
+        checks.number("finetune.segment", self.segment, at_least=5, at_most=10_000)
+        checks.number("finetune.settle", self.settle, at_least=0, at_most=self.segment // 2)
         checks.number("finetune.max_pairs", self.max_pairs, at_least=2, at_most=1000)
         checks.number("finetune.min_pairs", self.min_pairs, at_least=2, at_most=self.max_pairs)
-        checks.number("finetune.confidence", self.confidence, at_least=0.5, at_most=0.99)
+        checks.number("finetune.confidence", self.confidence, at_least=0.8, at_most=0.99)
+        if self.segment * self.max_pairs > 200_000:
+            raise ValueError(
+                f"finetune.segment x finetune.max_pairs: a trial of at most 400,000 ticks, got "
+                f"{2 * self.segment * self.max_pairs:,}"
+            )
         checks.number("finetune.return_drop", self.return_drop, above=0.0, at_most=1.0)
         checks.number("finetune.intervention_rise", self.intervention_rise, above=0.0, at_most=1.0)
         checks.number("finetune.parity_tolerance", self.parity_tolerance, above=0.0, at_most=0.1)

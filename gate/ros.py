@@ -156,6 +156,7 @@ def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> f
         if needed is not None and not stream:
             raise GateError(f"ROS 2 row: the sim robot published no {name}; the reward needs it")
     total = 0.0
+    first = True
     for stamp, measured, names, position, velocity in states:
         for name, q, qd in zip(names, position, velocity, strict=True):
             joint = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
@@ -174,6 +175,10 @@ def _episode_return(task, model: mujoco.MjModel, wire: _Wire, episode: int) -> f
             torch.from_numpy(data.qvel.copy()).float()[None],
             torch.from_numpy(data.sensordata.copy()).float()[None],
         )
+        if first:  # what the reward remembers (a foot's time in the air) starts where the episode does
+            task.reset_memory(torch.ones(1, dtype=torch.bool), physics)
+            first = False
+        task.advance(physics, action)
         total += float(task.reward(physics, action)[0])
         if bool(task.terminated(physics)[0]):
             break

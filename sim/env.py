@@ -330,7 +330,10 @@ class TaskEnv(VecEnv):
         # A checkpoint from before the term existed holds none: the history starts empty.
         history = state.get("action_history", torch.zeros_like(self.task.action_history))
         self.task.action_history = history.to(self.device)
-        self.task.load_memory({k: v.to(self.device) for k, v in state.get("task_memory", {}).items()})
+        if "task_memory" in state:
+            self.task.load_memory({k: v.to(self.device) for k, v in state["task_memory"].items()})
+        else:  # a checkpoint from before tasks kept memory: start it from the restored state
+            self.task.reset_memory(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), self.physics)
         self._since_push.copy_(state["pushes"][0])
         self._push_gap.copy_(state["pushes"][1])
         if self._clamps is not None:

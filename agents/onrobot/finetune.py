@@ -94,6 +94,7 @@ def handoff_config(config: FinetuneConfig, run: TrainConfig) -> TrainConfig:
         run,
         env=dataclasses.replace(run.env, num_envs=1, randomization=config.shift, seed=config.seed),
         log=log,
+        randomization_ramp_steps=0,  # the shift is the robot as it is, not a curriculum to grow
         total_steps=config.total_steps,
         warmup_steps=config.warmup_steps,
         updates_per_step=config.updates_per_step,

@@ -260,7 +260,18 @@ class RobotLearning:
     # --- the watcher -----------------------------------------------------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_PERIOD):
-            self.check()
+            try:
+                self.check()
+            except Exception as err:  # noqa: BLE001 - no version may run on unjudged because the judge died
+                self._give_up(f"{type(err).__name__}: {err}")
+                return
+
+    def _give_up(self, reason: str) -> None:
+        """The watcher cannot go on: the last good version runs from here, and no candidate is tried."""
+        self.learner_alive = False
+        if self.trial is not None:
+            self._roll_back(f"the watcher failed ({reason}); the version on trial cannot be judged")
+        self._event("stopped", self.node.version, f"on-robot learning stopped: the watcher failed ({reason})")
 
     def check(self) -> None:
         """One look at the learner, the version on trial and the newest candidate (the watcher's step)."""
@@ -271,8 +282,17 @@ class RobotLearning:
                 self._roll_back("the learner is gone, so the version on trial cannot be judged")
         if self.trial is not None:
             self._judge()
-        elif self.learner_alive:
+        elif self.learner_alive and self._running_steadily():
             self._take_candidate()
+
+    def _running_steadily(self) -> bool:
+        """A trial starts only while the policy runs: its last `segment` ticks in RUN under the good version
+        (a candidate taken while the robot waits or ramps would be thrown out for not running)."""
+        segment, head = self.settings.segment, self.ring.head
+        if head < segment:
+            return False
+        rows = self.ring.rows[np.arange(head - segment, head) % self.ring.capacity]
+        return bool(((rows["version"] == self.node.version) & ((rows["flags"] & RUN) > 0)).all())
 
     def _take_candidate(self) -> None:
         path = self.directory / CANDIDATE
@@ -290,7 +310,7 @@ class RobotLearning:
             bundle = self.validate(
                 self.directory / Path(announcement["bundle"]).name, self.directory / Path(announcement["probe"]).name
             )
-        except (BundleError, ValueError, KeyError, TypeError, OSError) as err:
+        except (BundleError, ValueError, KeyError, TypeError, OverflowError, OSError) as err:
             self.counts.refused += 1
             self._event("refused", self.node.version, str(err)[:500])
             return
@@ -348,7 +368,7 @@ class RobotLearning:
         """Hand over to the other version once a segment is done, then decide on the pairs finished."""
         trial = self.trial
         assert trial is not None
-        if self.ring.head - trial.starts[-1] >= self.settings.segment:
+        if self._turn_over(trial):
             if new_runs(len(trial.starts)) != new_runs(len(trial.starts) - 1):
                 self.node.swap(*self._version(trial, len(trial.starts)))
             trial.starts.append(self.ring.head)
@@ -361,6 +381,18 @@ class RobotLearning:
             if self.node.version != trial.version:
                 self.node.swap(trial.bundle, trial.version)
             self._accept(trial, trial.verdict.detail)
+
+    def _turn_over(self, trial: Trial) -> bool:
+        """Whether the running segment is done and the other version takes over. The new version takes a
+        turn only once the rewards of every segment before the running one have come (a stalled learner
+        leaves the good version running), and never more than `max_pairs` of them."""
+        if self.ring.head - trial.starts[-1] < self.settings.segment:
+            return False
+        following = len(trial.starts)
+        if not new_runs(following):
+            return True
+        _, _, rewarded = self.ring.rewards_since(trial.starts[-1])
+        return following < 2 * self.settings.max_pairs and rewarded >= trial.starts[-1]
 
     def _version(self, trial: Trial, segment: int) -> tuple[PolicyBundle, int]:
         return (trial.bundle, trial.version) if new_runs(segment) else (self.good, self.good_version)
@@ -375,7 +407,7 @@ class RobotLearning:
         for k, (first, end) in enumerate(itertools.pairwise(trial.starts)):
             if end > rewarded:
                 break
-            version = self._version(trial, k)[1]
+            version, first = self._version(trial, k)[1], first + self.settings.settle
             ran = (index >= first) & (index < end) & (versions == version) & ((flags & RUN) > 0)
             changed = float(((flags[ran] & CHANGED) > 0).mean()) if ran.any() else math.nan
             finished[new_runs(k)] = Segment(_mean(rewards[ran]), changed, int(ran.sum()), end - first)

@@ -84,3 +84,17 @@ def test_the_fine_tuned_policy_recovers_from_a_weaker_actuator(tmp_path: Path) -
     handoff = evals[0]
     assert min(evals.values()) > handoff - 25, evals
     assert max(evals[7000], evals[8000]) > handoff + 80, evals
+
+
+def test_a_run_trained_under_a_ramp_hands_over_to_fine_tuning_without_one() -> None:
+    """The shift is the robot as it is: a run's curriculum does not grow it (and a ramp past the job's
+    steps, or over a shift of nothing, would be refused)."""
+    import dataclasses
+
+    from q2real.agents.config import load_run_config
+    from q2real.agents.onrobot.finetune import handoff_config
+
+    run = dataclasses.replace(load_run_config(FIXTURE_RUN), randomization_ramp_steps=40_000)
+    config = handoff_config(FinetuneConfig(run=str(FIXTURE_RUN)), run)
+    assert config.randomization_ramp_steps == 0
+    config.validate()

@@ -3,6 +3,7 @@ and the whole loop over DDS against the sim robot with a real learner process (w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -86,6 +87,9 @@ def test_rewards_go_back_to_the_node_with_each_rows_version(tmp_path: Path) -> N
         ("finetune.segment=4", "finetune.segment"),
         ("finetune.min_pairs=50", "finetune.min_pairs"),
         ("finetune.confidence=0.9999", "finetune.confidence"),
+        ("finetune.confidence=0.5", "finetune.confidence"),
+        ("finetune.settle=13", "finetune.settle"),
+        ("finetune.segment=10000", r"finetune.segment x finetune.max_pairs"),
         ("finetune.parity_tolerance=nan", "finetune.parity_tolerance"),
         ("finetune.publish_every=0", "finetune.publish_every"),
         ("finetune.learner=[run=/elsewhere]", "finetune.learner"),
@@ -142,7 +146,7 @@ def test_exploration_noise_is_bounded_and_stays_in_the_action_range(action, std,
 @pytest.fixture()
 def tuning(pendulum_bundle: Path, tmp_path: Path):
     events: list[dict] = []
-    settings = RobotLearningSettings(run="unused", segment=10, min_pairs=2, max_pairs=6)
+    settings = RobotLearningSettings(run="unused", segment=10, settle=0, min_pairs=2, max_pairs=6)
     config = NodeConfig(autostart=True, require_subscriber=False)
     node = PolicyNode(pendulum_bundle, config, RobotLearning.attach(settings, tmp_path / "ft", record=events.append))
     tuning = node.learning
@@ -307,10 +311,50 @@ def test_a_version_on_trial_takes_turns_with_the_last_good_one_and_is_judged_on_
         assert json.loads((tuning.directory / ROLLBACK).read_text())["refused"] == 1
         # Two pairs bound a reward; a share of ten ticks is coarser (its binomial error) and takes three.
         assert ran.get(1, 0) <= 20, "a worse version runs three segments at most"
-        # The next candidate goes on trial at once, against the good version as it runs now.
+        # The next candidate goes on trial once the good version has run a segment steadily again.
         _candidate(tuning, 2, _export(tmp_path, "next.onnx", seed=2))
+        _run_ticks(tuning, 10, reward=0.4)
         tuning.check()
         assert tuning.node.version == 2
+
+
+def test_no_trial_starts_while_the_policy_is_not_running(tuning: RobotLearning, tmp_path: Path) -> None:
+    """A candidate taken while the robot waits, ramps or holds would be thrown out for not running, and
+    the learner would lose its progress to the rollback: it waits for a segment of RUN instead."""
+    ring, start = tuning.ring, tuning.ring.head
+    for i in range(10):
+        ring.append(start + i, np.zeros(3), np.zeros(1), np.zeros(1), np.zeros(1), 0, 0)
+    _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
+    tuning.check()
+    assert tuning.node.version == 0 and tuning.trial is None and tuning.counts.swaps == 0
+    _run_ticks(tuning, 10, reward=0.4)
+    tuning.check()
+    assert tuning.node.version == 1 and tuning.trial is not None
+
+
+def test_a_handover_transient_is_left_out_and_a_stalled_learner_holds_the_good_version(
+    tuning: RobotLearning, tmp_path: Path
+) -> None:
+    """The first `settle` ticks of each segment carry the other version's state: a new version whose
+    segments start badly and then do as well as the good one is kept. While the learner's rewards stall,
+    the new version gets no further turn."""
+    tuning.settings = dataclasses.replace(tuning.settings, settle=4)
+    _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
+    tuning.check()
+    while tuning.trial is not None:
+        version = tuning.node.version
+        _run_ticks(tuning, 4, reward=-5.0 if version == 1 else 0.4)
+        _run_ticks(tuning, 6, reward=0.4)
+        tuning.check()
+    assert tuning.events[-1]["event"] == "accepted", tuning.events[-1]  # pyright: ignore[reportAttributeAccessIssue]
+    _candidate(tuning, 2, _export(tmp_path, "next.onnx", seed=2))
+    tuning.check()
+    assert tuning.node.version == 2
+    ring, start = tuning.ring, tuning.ring.head
+    for i in range(30):  # three segments' ticks, no rewards written
+        ring.append(start + i, np.zeros(3), np.zeros(1), np.zeros(1), np.zeros(1), tuning.node.version, RUN)
+        tuning.check()
+    assert tuning.node.version == 1 and tuning.trial is not None, "the good version runs until rewards come"
 
 
 def test_the_trial_shows_where_it_stands_on_diagnostics_and_the_console(tuning: RobotLearning, tmp_path: Path) -> None:
@@ -505,3 +549,20 @@ def test_a_version_under_which_the_policy_did_not_run_is_rolled_back_not_kept(tu
     tuning.check()
     assert tuning.node.version == 0 and tuning.events[-1]["event"] == "rolled_back"  # pyright: ignore[reportAttributeAccessIssue]
     assert "the policy ran on 3 of its 10 ticks in pair 1" in tuning.events[-1]["detail"]  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_a_watcher_that_fails_rolls_back_and_stops_trying(tuning: RobotLearning, tmp_path: Path) -> None:
+    """No version runs unjudged because the judge died: the last good one runs on, and no candidate is
+    taken any more."""
+    _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
+    tuning.check()
+    assert tuning.node.version == 1
+
+    def broken() -> None:
+        raise OverflowError("int too large to convert")
+
+    tuning.check = broken  # pyright: ignore[reportAttributeAccessIssue]
+    tuning._watch()  # returns once the step fails
+    kinds = [e["event"] for e in tuning.events]  # pyright: ignore[reportAttributeAccessIssue]
+    assert kinds[-2:] == ["rolled_back", "stopped"] and tuning.node.version == 0 and not tuning.learner_alive
+    assert "OverflowError: int too large" in tuning.events[-1]["detail"]  # pyright: ignore[reportAttributeAccessIssue]

@@ -114,3 +114,10 @@ def test_one_pair_decides_nothing_and_the_verdict_says_where_it_stands() -> None
     assert one.decision == "wait" and one.pairs == 1 and one.reward_difference[0] == pytest.approx(-0.8)
     two = verdict(RULE, [(FULL, bad), (FULL, bad)])
     assert two.decision == "abort" and two.detail.startswith("worse at 95%: 2 pairs: reward per tick -0.8")
+
+
+@pytest.mark.parametrize("sd", [0.05, 0.1])
+def test_a_version_just_past_the_tolerated_drop_is_seldom_kept(sd: float) -> None:
+    """15 % worse against a tolerated 10 %: looked at after every pair, it is still kept in few trials."""
+    rate, _ = _outcomes(0.85, sd=sd)
+    assert rate >= 0.95
