@@ -46,6 +46,7 @@ from q2real.agents.training_state import restore, training_state
 from q2real.configs.loader import ConfigError
 from q2real.sim import EnvConfig, VecEnv, make
 from q2real.sim.config import refuse_stepped_actions
+from q2real.sim.env import TaskEnv
 from q2real.sim.randomization import RandomizationConfig
 
 RAMP_LEVELS = 100
@@ -129,7 +130,7 @@ class Trainer:
         check_fits(config.algo, config.agent, config.replay_capacity, env.obs_dim, env.action_dim, env.device)
         if config.randomization_ramp_steps:
             randomization = getattr(config.env, "randomization", None)
-            if not hasattr(env, "set_randomization_strength") or randomization == RandomizationConfig():
+            if not isinstance(env, TaskEnv) or randomization == RandomizationConfig():
                 raise ConfigError(
                     f"randomization_ramp_steps: grows env.randomization, and env.task {config.env.task} with these "
                     "settings randomizes nothing; set env.randomization's ranges or randomization_ramp_steps=0"
@@ -240,6 +241,7 @@ class Trainer:
         ramp = self.config.randomization_ramp_steps
         level = min(RAMP_LEVELS, self.step * RAMP_LEVELS // ramp)
         if level != self._ramp_level:
+            assert isinstance(self.env, TaskEnv)  # checked when the envs were made
             self.env.set_randomization_strength(level / RAMP_LEVELS)
             self._ramp_level = level
 
