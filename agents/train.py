@@ -129,8 +129,7 @@ class Trainer:
             )
         check_fits(config.algo, config.agent, config.replay_capacity, env.obs_dim, env.action_dim, env.device)
         if config.randomization_ramp_steps:
-            randomization = getattr(config.env, "randomization", None)
-            if not isinstance(env, TaskEnv) or randomization == RandomizationConfig():
+            if not isinstance(env, TaskEnv) or config.env.randomization == RandomizationConfig():
                 raise ConfigError(
                     f"randomization_ramp_steps: grows env.randomization, and env.task {config.env.task} with these "
                     "settings randomizes nothing; set env.randomization's ranges or randomization_ramp_steps=0"

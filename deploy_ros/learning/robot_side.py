@@ -391,8 +391,7 @@ class RobotLearning:
         following = len(trial.starts)
         if not new_runs(following):
             return True
-        _, _, rewarded = self.ring.rewards_since(trial.starts[-1])
-        return following < 2 * self.settings.max_pairs and rewarded >= trial.starts[-1]
+        return following < 2 * self.settings.max_pairs and self.ring.rewarded >= trial.starts[-1]
 
     def _version(self, trial: Trial, segment: int) -> tuple[PolicyBundle, int]:
         return (trial.bundle, trial.version) if new_runs(segment) else (self.good, self.good_version)

@@ -13,8 +13,8 @@ above the tolerated rise), and accepted only once the lower bound of its reward 
 minus the drop and the upper bound of its intervention rise below the rise. Each bound holds at
 `confidence` for one look, and the rule looks after every pair, so over a whole trial the errors are
 larger than one look's: on hand-made reward streams (`tests/deploy_ros/test_trial.py`) with
-`confidence` 0.95, a version as good as the last was thrown out in 2-7 % of trials and one 15 % worse
-(against 10 % tolerated) kept in 0-3 %. A version that decides neither way within `max_pairs` is not
+`confidence` 0.95, a version as good as the last is thrown out in at most 10 % of trials and one 15 %
+worse (against 10 % tolerated) kept in at most 5 %. A version that decides neither way within `max_pairs` is not
 kept.
 """
 

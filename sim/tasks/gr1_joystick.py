@@ -97,12 +97,16 @@ class GR1Joystick(SpotJoystick):
         """(num_envs, 2, 3) world positions of the feet bodies."""
         return torch.stack([foot(physics.qpos) for foot in self.feet], dim=1)
 
+    def on_ground(self, feet: torch.Tensor) -> torch.Tensor:
+        """(num_envs, 2) whether each foot is within `contact_height` of its standing height."""
+        return feet[..., 2] < self.foot_rest + self.config.contact_height
+
     def reset_memory(self, mask: torch.Tensor, physics: PhysicsState) -> None:
         feet = self.feet_position(physics)
         n, feet_count = feet.shape[:2]
         fresh = {
             "feet": feet,
-            "contact": feet[..., 2] < self.foot_rest + self.config.contact_height,
+            "contact": self.on_ground(feet),
             "air_time": torch.zeros(n, feet_count, device=self.device),
             "landed": torch.zeros(n, feet_count, device=self.device),
             "foot_speed": torch.zeros(n, feet_count, device=self.device),
@@ -119,7 +123,7 @@ class GR1Joystick(SpotJoystick):
     def advance(self, physics: PhysicsState, action: torch.Tensor) -> None:
         m = self._memory
         feet = self.feet_position(physics)
-        contact = feet[..., 2] < self.foot_rest + self.config.contact_height
+        contact = self.on_ground(feet)
         air_time = m["air_time"] + self.period
         m["landed"] = torch.where(contact & ~m["contact"], air_time, 0.0)
         m["air_time"] = torch.where(contact, 0.0, air_time)
