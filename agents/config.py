@@ -59,8 +59,8 @@ class TrainConfig:
     """A run directory whose learner (networks, normalizer statistics, temperature) this run starts from,
     warming up with its policy; replay, optimizers and counters start afresh. A curriculum step: a policy
     that walks, trained on under effects it never met. Algo, task, network shapes and action sizes must
-    match, and the observation, but for policy terms appended after the source's (their input weights
-    start at zero); the env count may differ."""
+    match, and the observation, but for policy terms appended after the source's and critic-only terms
+    appended after its critic-only ones (their input weights start at zero); the env count may differ."""
     randomization_ramp_steps: int = 0
     """A curriculum: env steps over which the training envs' `env.randomization` grows from the nominal
     robot to its full ranges, in 100 equal steps. Each env keeps its own drawn robot, moved toward nominal

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -67,17 +68,23 @@ PER_ENV_STATE = ("return_scale.ret", "episode_cost.running")
 cost): about episodes under way in the run that wrote it, so another run starts it at zero."""
 
 
-def load_learner(agent: ActorCritic, run_dir: Path, config: TrainConfig, grown: tuple[int, int] | None = None) -> dict:
+Insertions = Sequence[tuple[int, int]]
+"""(column, count) pairs in the stored observation's columns, in order: `count` new columns go in at
+`column` (policy terms appended at the end of the policy's columns, critic-only terms at the end of the
+critic's, before the action where a network takes one)."""
+
+
+def load_learner(agent: ActorCritic, run_dir: Path, config: TrainConfig, grown: Insertions = ()) -> dict:
     """Load the learner state of the run at `run_dir` into `agent` (networks, normalizer and batch-norm
     statistics, SAC's temperature, a Lagrange multiplier; per-env state starts at zero, so the run may
-    train another env count) and return its checkpoint. `grown` (column, count): the run's observation
-    lacked `count` columns at `column`, terms appended to the policy's observation since (`widened`)."""
+    train another env count) and return its checkpoint. `grown`: the observation columns the run lacked,
+    terms appended since (`widened`)."""
     path = run_dir / CHECKPOINT
     state = load_checkpoint(path, agent.device)
     weights = dict(state["agent"])
     mine = agent.state_dict()
-    if grown is not None:
-        weights = widened(weights, mine, *grown)
+    if grown:
+        weights = widened(weights, mine, grown)
         state = state | {"spaces": state.get("spaces", {}) | {"obs_dim": agent.obs_dim}}
     for key in PER_ENV_STATE:
         if key in weights:
@@ -87,13 +94,13 @@ def load_learner(agent: ActorCritic, run_dir: Path, config: TrainConfig, grown: 
     return state
 
 
-def widened(weights: dict, mine: dict, column: int, count: int) -> dict:
-    """A learner's `weights` for an observation with `count` more columns from `column` on (terms since
-    appended to the policy's observation, which comes first in every network input, before the critic's
-    privileged terms and the action). Along the one axis where a tensor is `count` longer than stored,
-    the new entries take `mine`'s (this learner's initial normalizer and batch-norm statistics, and zero
-    for a layer's input weights, so the networks compute what they did until training moves them). The
-    normalizer's new columns start at mean 0 and variance 1 and move at the old sample count's pace:
+def widened(weights: dict, mine: dict, insertions: Insertions) -> dict:
+    """A learner's `weights` for an observation with the columns of `insertions` added. A tensor longer
+    than stored along one axis takes the leading insertions whose counts add up to the difference (the
+    actor's input grows by the policy's terms, the critics' and the normalizer's by the critic-only terms
+    too); the new entries take `mine`'s (this learner's initial normalizer and batch-norm statistics, and
+    zero for a layer's input weights, so the networks compute what they did until training moves them).
+    The normalizer's new columns start at mean 0 and variance 1 and move at the old sample count's pace:
     right for terms already in [-1, 1], as earlier actions are."""
     out = dict(weights)
     for key, stored in weights.items():
@@ -103,13 +110,16 @@ def widened(weights: dict, mine: dict, column: int, count: int) -> dict:
         if stored.shape == target.shape or stored.dim() != target.dim():
             continue
         axes = [a for a, (s, t) in enumerate(zip(stored.shape, target.shape, strict=True)) if s != t]
-        if len(axes) != 1 or target.shape[axes[0]] - stored.shape[axes[0]] != count:
+        counts = list(itertools.accumulate(count for _, count in insertions))
+        if len(axes) != 1 or (grow := target.shape[axes[0]] - stored.shape[axes[0]]) not in counts:
             continue  # left for check_shapes to name
-        axis = axes[0]
+        axis, used = axes[0], insertions[: counts.index(grow) + 1]
         fresh = torch.zeros_like(target) if key.endswith("weight") else target.clone()
-        head, tail = stored.split([column, stored.shape[axis] - column], dim=axis)
-        new = fresh.narrow(axis, column, count)
-        out[key] = torch.cat([head, new, tail], dim=axis)
+        pieces, start, added = [], 0, 0
+        for column, count in used:
+            pieces += [stored.narrow(axis, start, column - start), fresh.narrow(axis, column + added, count)]
+            start, added = column, added + count
+        out[key] = torch.cat([*pieces, stored.narrow(axis, start, stored.shape[axis] - start)], dim=axis)
     return out
 
 

@@ -47,7 +47,7 @@ from q2real.configs.loader import ConfigError
 from q2real.sim import EnvConfig, VecEnv, make
 from q2real.sim.config import refuse_stepped_actions
 from q2real.sim.env import TaskEnv
-from q2real.sim.randomization import RandomizationConfig
+from q2real.sim.randomization import DRAW_RANGES, RandomizationConfig, summarized
 
 RAMP_LEVELS = 100
 """Steps of `randomization_ramp_steps`: each re-installs every env's model fields, so not every tick."""
@@ -128,6 +128,11 @@ class Trainer:
                 "them, `q2real envs --task NAME` says how to switch it on) or another algo"
             )
         check_fits(config.algo, config.agent, config.replay_capacity, env.obs_dim, env.action_dim, env.device)
+        if config.env.task_params.get("critic_dynamics") and not summarized(config.env.randomization):
+            raise ConfigError(
+                "env.task_params.critic_dynamics: env.randomization draws no robot the critics' columns describe "
+                f"({', '.join(DRAW_RANGES)}), so they would see the nominal robot's zeros"
+            )
         if config.randomization_ramp_steps:
             if not isinstance(env, TaskEnv) or config.env.randomization == RandomizationConfig():
                 raise ConfigError(
@@ -453,25 +458,34 @@ class Trainer:
         )
 
 
-def grown_observation(run_dir: Path, env: VecEnv) -> tuple[int, int] | None:
-    """(column, count) of the policy observation terms `env` appends to those the run at `run_dir`
-    trained on (`init_from` a run without an `action_history`, say); None when both observe the same.
-    Any other difference is refused, naming both term lists."""
+def grown_observation(run_dir: Path, env: VecEnv) -> list[tuple[int, int]]:
+    """The columns `env` observes beyond those the run at `run_dir` trained on, as insertions
+    (`q2real.agents.learners.widened`): policy terms appended after the old ones (`init_from` a run
+    without an `action_history`, say), then critic-only terms appended after the old ones (a run that
+    adds `critic_dynamics`). Empty when both observe the same; any other difference is refused, naming
+    both term lists."""
     old = make(dataclasses.replace(load_run_config(run_dir).env, num_envs=1, device="cpu", backend="mujoco"))
     try:
-        before, dims, policy = old.obs_names, dict(zip(old.obs_names, old.obs_dims, strict=True)), old.policy_obs_dim
+        before = [_terms(old.obs_names, old.obs_dims), _terms(old.critic_names, old.critic_dims)]
+        columns = [old.policy_obs_dim, old.obs_dim]
     finally:
         old.close()
-    now = dict(zip(env.obs_names, env.obs_dims, strict=True))  # the policy's terms (critic-only ones follow)
-    if list(now) == list(before):
-        return None
-    added = [name for name in now if name not in dims]
-    if list(now) != [*before, *added]:
-        raise ConfigError(
-            f"init_from: {run_dir} observed {list(before)}; this run observes {list(now)}: only policy terms "
-            "appended after the old ones can start from it"
-        )
-    return policy, sum(now[n] for n in added)
+    now = [_terms(env.obs_names, env.obs_dims), _terms(env.critic_names, env.critic_dims)]
+    insertions = []
+    for kind, was, is_, column in zip(("policy", "critic-only"), before, now, columns, strict=True):
+        added = [name for name in is_ if name not in was]
+        if list(is_) != [*was, *added]:
+            raise ConfigError(
+                f"init_from: {run_dir} observed {kind} terms {list(was)}; this run observes {list(is_)}: only "
+                f"{kind} terms appended after the old ones can start from it"
+            )
+        if added:
+            insertions.append((column, sum(is_[name] for name in added)))
+    return insertions
+
+
+def _terms(names: tuple[str, ...], dims: tuple[int, ...]) -> dict[str, int]:
+    return dict(zip(names, dims, strict=True))
 
 
 def curve_panels(config: TrainConfig) -> tuple[Panel, ...]:

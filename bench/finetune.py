@@ -23,17 +23,25 @@ Each is deployed with `q2real deploy --sim` on the sim robot, in real time over 
               (after 3000 transitions), each on trial in turns with the last good version
   no learner  plain deploy, for the node's tick latency without a learner beside it (shorter)
 
+`--methods free anchored` runs the fine-tuned run once per learner method (`METHODS`) beside the same
+frozen and no-learner runs: `free`, the actor follows its critic alone; `anchored`, the actor loss also
+pays for its distance from the last version the node judged good (`FinetuneConfig.anchor`).
+
 On the robot, return is the mean reward per tick over one episode's window (10 s, 2 s) times its
 ticks, with the exploration noise in it. Every version the node swapped in is also evaluated offline, without
 noise, on 32 seeded episodes of the shifted simulator. Headline keys: `recovered_return_ratio` (the
 node's last good version, offline on the shifted dynamics ÷ the deployed bundle offline on nominal
 dynamics: the pre-shift level), beside `frozen_return_ratio` (the deployed bundle on the shifted
 dynamics ÷ the same), and `tick_p99_ratio_with_learner` (the fine-tuned run's tick latency p99 ÷ the
-no-learner run's), with `loop_deadline_miss_fraction_with_learner`.
+no-learner run's), with `loop_deadline_miss_fraction_with_learner`; `robot_seconds_to_recover` (from the
+shift to the acceptance of the first version at 0.9 of nominal offline) and
+`rolled_back_version_ticks_max` (the most ticks any version later rolled back ran on the robot).
 Prints a table, writes bench/results/finetune.json (pendulum's headline at the top level, as before;
-every task's under `tasks.<task>`, and `<task>_recovered_return_ratio` / `<task>_frozen_return_ratio`
-beside it) and finetune.png (pendulum) or finetune_<task>.png, and prints the headline JSON as its
-last line. About 2 x `--duration` + 60 s + 2 s per version.
+every task's under `tasks.<task>` (the default method's, every method's figures under `methods`), and
+`<task>_recovered_return_ratio` / `<task>_frozen_return_ratio` beside it, with the worst
+`rolled_back_version_ticks_max` and `tick_p99_ratio_with_learner` over the tasks) and finetune.png
+(pendulum) or finetune_<task>.png (the default method's run), and prints the headline JSON as its last
+line. About (1 + methods) x `--duration` + 60 s + 2 s per version.
 
 Results: docs/results/finetuning.md
 """
@@ -97,8 +105,29 @@ TASKS = {
 }
 
 
-def run(bench: Bench, kind: str, duration: float, shift_at: float, root: Path, noise: tuple[float, float]) -> dict:
+METHODS: dict[str, tuple[str, ...]] = {
+    "free": ("anchor=0",),
+    "anchored": ("anchor=5",),
+    "anchored_20": ("anchor=20",),
+}
+"""How the learner fine-tunes (`--methods`, each a fine-tuned run beside the one frozen run), as its
+settings: `free`, the actor follows its critic alone; `anchored` (`anchored_20`: a stronger pull), inside
+a trust region around the last good version (`FinetuneConfig.anchor`)."""
+DEFAULT_METHOD = "free"
+"""The method the learner's defaults are; its figures are the task's headline."""
+
+
+def run(
+    bench: Bench,
+    kind: str,
+    duration: float,
+    shift_at: float,
+    root: Path,
+    noise: tuple[float, float],
+    learner: list[str],
+) -> dict:
     directory, run_dir, episode = root / kind, bench.run_dir, bench.episode
+    root.mkdir(parents=True, exist_ok=True)
     overrides = ["autostart=true"]
     if kind != "no learner":
         overrides += [f"finetune.run={run_dir}", f"finetune.directory={directory}"]
@@ -106,6 +135,7 @@ def run(bench: Bench, kind: str, duration: float, shift_at: float, root: Path, n
         overrides += ["finetune.noise_std=0", "finetune.learner=[actor_start=1000000000]"]
     if kind == "fine-tuned":
         overrides += [f"finetune.noise_std={noise[0]}", f"finetune.noise_bound={noise[1]}"]
+        overrides += [f"finetune.learner=[{','.join(learner)}]"] if learner else []
     config = load(NodeConfig, None, overrides)
     shift = ["--shift", bench.shift, "--shift-at", str(shift_at), "--reset-every", str(episode), *bench.sim]
     began = time.monotonic()
@@ -134,6 +164,8 @@ def run(bench: Bench, kind: str, duration: float, shift_at: float, root: Path, n
             curve.append((float(start), float(rewards[inside].mean() * episode / PERIOD)))
     row["curve"] = curve
     row["finetune"] = summary.finetune
+    versions, ticks = np.unique(rows["version"][running], return_counts=True)
+    row["ticks_by_version"] = {int(v): int(n) for v, n in zip(versions, ticks, strict=True)}
     return row
 
 
@@ -167,7 +199,8 @@ def offline(bench: Bench, bundle: Path, shifted: bool, episodes: int = 32) -> fl
 def version_returns(bench: Bench, row: dict, directory: Path) -> list[dict]:
     """Every version the node swapped in, with when (robot s), its verdict and its offline shifted return."""
     events = row["finetune"]["events"]
-    kept = {e["version"] for e in events if e["event"] == "accepted"}
+    accepted_at = {e["version"]: e["tick"] * PERIOD for e in events if e["event"] == "accepted"}
+    kept = set(accepted_at)
     rolled = {int(e["detail"].split(":")[0].split()[1]) for e in events if e["event"] == "rolled_back"}
     found = []
     for event in events:
@@ -181,6 +214,8 @@ def version_returns(bench: Bench, row: dict, directory: Path) -> list[dict]:
                 "version": version,
                 "seconds": event["tick"] * PERIOD,
                 "verdict": verdict,
+                "accepted_at": accepted_at.get(version),
+                "ticks": row["ticks_by_version"].get(version, 0),
                 "return": offline(bench, bundle, True),
             }
         )
@@ -221,93 +256,115 @@ def plot(bench: Bench, rows: dict[str, dict], shift_at: float, levels: dict[str,
     fig.savefig(path, dpi=120)
 
 
+def figures(rows: dict[str, dict], tuned: dict, levels: dict[str, float], args) -> dict[str, float]:
+    """One method's headline figures beside the frozen and no-learner runs."""
+    versions, nominal = tuned["versions"], levels["nominal"]
+    recovered = [v["accepted_at"] for v in versions if v["accepted_at"] is not None and v["return"] >= 0.9 * nominal]
+    return {
+        "recovered_return_ratio": levels["good"] / nominal,
+        "frozen_return_ratio": levels["frozen"] / nominal,
+        "best_version_return_ratio": max((v["return"] for v in versions), default=float("nan")) / nominal,
+        "stream_tail_ratio_finetuned": tuned["tail_return"] / rows["frozen"]["pre_shift_return"],
+        "stream_tail_ratio_frozen": rows["frozen"]["tail_return"] / rows["frozen"]["pre_shift_return"],
+        "tick_p99_ratio_with_learner": tuned["p99_ms"] / rows["no learner"]["p99_ms"],
+        "tick_p99_ms_with_learner": tuned["p99_ms"],
+        "tick_p99_ms_without_learner": rows["no learner"]["p99_ms"],
+        "loop_deadline_misses_with_learner": tuned["loop_misses"],
+        "loop_deadline_miss_fraction_with_learner": tuned["loop_misses"] / tuned["ticks"],
+        "robot_seconds_after_shift": args.duration - args.shift_at,
+        "robot_seconds_to_recover": min(recovered, default=float("nan")) - args.shift_at,
+        "rolled_back_version_ticks_max": max(
+            (v["ticks"] for v in versions if v["verdict"] == "rolled back"), default=0
+        ),
+        "versions_swapped": tuned["finetune"]["swaps"],
+        "rollbacks": tuned["finetune"]["rollbacks"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", choices=sorted(TASKS), default="pendulum")
+    parser.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=[DEFAULT_METHOD])
     parser.add_argument("--duration", type=float, default=330.0, help="seconds per run (real time)")
     parser.add_argument("--shift-at", type=float, default=40.0, help="seconds after the first command")
     parser.add_argument("--tail", type=float, default=60.0, help="seconds at the end the stream return is taken")
     parser.add_argument("--noise", type=float, nargs=2, metavar=("STD", "BOUND"), help="default: the task's")
     args = parser.parse_args()
-    bench = TASKS[args.task]
+    stored = json.loads((RESULTS / "finetune.json").read_text()) if (RESULTS / "finetune.json").is_file() else {}
+    if DEFAULT_METHOD not in args.methods and args.task not in stored.get("tasks", {}):
+        parser.error(f"--methods: the first run of --task {args.task} includes {DEFAULT_METHOD}, its headline")
+    bench, noise, end = TASKS[args.task], tuple(args.noise or TASKS[args.task].noise), args.duration
     rows: dict[str, dict] = {}
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for kind, duration in (("no learner", 60.0), ("frozen", args.duration), ("fine-tuned", args.duration)):
-            print(f"{args.task}, {kind}: {duration:g} s on the sim robot ...", flush=True)
-            rows[kind] = run(bench, kind, duration, args.shift_at, Path(tmp), tuple(args.noise or bench.noise))
-        tuned = rows["fine-tuned"]
-        tuned["versions"] = version_returns(bench, tuned, Path(tmp) / "fine-tuned")
-        good = Path(tmp) / "fine-tuned" / f"v{tuned['finetune']['good_version']:04d}.onnx"
+        runs = [("no learner", "no learner", 60.0), ("frozen", "frozen", end)]
+        runs += [(method, "fine-tuned", end) for method in args.methods]
+        for name, kind, duration in runs:
+            print(f"{args.task}, {name}: {duration:g} s on the sim robot ...", flush=True)
+            rows[name] = run(bench, kind, duration, args.shift_at, Path(tmp) / name, noise, list(METHODS.get(name, ())))
         deployed = bench.run_dir / "policy.onnx"
-        levels = {
-            "nominal": offline(bench, deployed, False),
-            "frozen": offline(bench, deployed, True),
-            "good": offline(bench, good, True),
-        }
-    end = args.duration
-    for kind in ("frozen", "fine-tuned"):
-        curve = rows[kind]["curve"]
-        # The first window holds the ramp to the default pose and is left out.
-        rows[kind] |= {
-            "pre_shift_return": window_return(curve, 0.0, args.shift_at, bench.episode),
-            "tail_return": window_return(curve, end - args.tail, end, bench.episode),
-        }
-    finetune = tuned["finetune"]
+        common = {"nominal": offline(bench, deployed, False), "frozen": offline(bench, deployed, True)}
+        for name in ("frozen", *args.methods):
+            curve = rows[name]["curve"]
+            rows[name] |= {
+                "pre_shift_return": window_return(curve, 0.0, args.shift_at, bench.episode),
+                "tail_return": window_return(curve, end - args.tail, end, bench.episode),
+            }
+        for method in args.methods:
+            tuned = rows[method]
+            tuned["versions"] = version_returns(bench, tuned, Path(tmp) / method / "fine-tuned")
+            good = Path(tmp) / method / "fine-tuned" / f"v{tuned['finetune']['good_version']:04d}.onnx"
+            levels = common | {"good": offline(bench, good, True)}
+            results[method] = figures(rows, tuned, levels, args) | {"levels": levels}
     print(f"\n{'run':<12}{'pre-shift':>11}{'last ' + str(int(args.tail)) + ' s':>10}{'p50 ms':>8}{'p99 ms':>8}"
           f"{'misses':>8}   (returns per {bench.episode:g} s episode on the robot, noise included)")  # fmt: skip
-    for kind, row in rows.items():
-        cells = f"{row['pre_shift_return']:>11.1f}{row['tail_return']:>10.1f}" if kind != "no learner" else " " * 21
-        print(f"{kind:<12}{cells}{row['p50_ms']:>8.3f}{row['p99_ms']:>8.3f}{row['loop_misses']:>8}")
-    good_version = finetune["good_version"]
-    print(
-        f"\noffline, 32 seeded episodes: deployed bundle {levels['nominal']:.1f} nominal, {levels['frozen']:.1f} "
-        f"shifted; the node's last good version (v{good_version}) {levels['good']:.1f} shifted"
-    )
-    for v in tuned["versions"]:
+    for name, row in rows.items():
+        cells = f"{row['pre_shift_return']:>11.1f}{row['tail_return']:>10.1f}" if name != "no learner" else " " * 21
+        print(f"{name:<12}{cells}{row['p50_ms']:>8.3f}{row['p99_ms']:>8.3f}{row['loop_misses']:>8}")
+    levels = f"{common['nominal']:.1f} nominal, {common['frozen']:.1f} shifted"
+    print(f"\noffline, 32 seeded episodes: deployed bundle {levels}")
+    for method in args.methods:
+        tuned, result = rows[method], results[method]
+        finetune = tuned["finetune"]
         print(
-            f"  v{v['version']:<4} swapped in at {v['seconds']:6.1f} s  {v['verdict']:<12} "
-            f"offline shifted {v['return']:.1f}"
+            f"{method} ({' '.join(METHODS[method])}): last good version "
+            f"v{finetune['good_version']} {result['levels']['good']:.1f} shifted, recovered "
+            f"{result['recovered_return_ratio']:.3f} of nominal (frozen {result['frozen_return_ratio']:.3f}); "
+            f"{finetune['swaps']} versions swapped in, {finetune['accepted']} accepted, {finetune['rollbacks']} "
+            f"rolled back (longest {result['rolled_back_version_ticks_max']} ticks), {finetune['refused']} refused"
         )
-    print(
-        f"fine-tuning: {finetune['swaps']} versions swapped in, {finetune['accepted']} accepted, "
-        f"{finetune['rollbacks']} rolled back, {finetune['refused']} refused; robot time after the shift "
-        f"{end - args.shift_at:g} s"
-    )
-    figures = {
-        "recovered_return_ratio": levels["good"] / levels["nominal"],
-        "frozen_return_ratio": levels["frozen"] / levels["nominal"],
-        "best_version_return_ratio": max((v["return"] for v in tuned["versions"]), default=float("nan"))
-        / levels["nominal"],
-        "stream_tail_ratio_finetuned": rows["fine-tuned"]["tail_return"] / rows["frozen"]["pre_shift_return"],
-        "stream_tail_ratio_frozen": rows["frozen"]["tail_return"] / rows["frozen"]["pre_shift_return"],
-        "tick_p99_ratio_with_learner": rows["fine-tuned"]["p99_ms"] / rows["no learner"]["p99_ms"],
-        "tick_p99_ms_with_learner": rows["fine-tuned"]["p99_ms"],
-        "tick_p99_ms_without_learner": rows["no learner"]["p99_ms"],
-        "loop_deadline_misses_with_learner": rows["fine-tuned"]["loop_misses"],
-        "loop_deadline_miss_fraction_with_learner": rows["fine-tuned"]["loop_misses"] / rows["fine-tuned"]["ticks"],
-        "robot_seconds_after_shift": end - args.shift_at,
-        "versions_swapped": finetune["swaps"],
-        "rollbacks": finetune["rollbacks"],
-    }
+        for v in tuned["versions"]:
+            print(
+                f"  v{v['version']:<4} swapped in at {v['seconds']:6.1f} s  {v['verdict']:<20} {v['ticks']:>6} ticks  "
+                f"offline shifted {v['return']:.1f}"
+            )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "finetune.json"
     merged = json.loads(path.read_text()) if path.is_file() else {}
     tasks = merged.pop("tasks", {})
-    if not tasks and "levels" in merged:  # written before the bench took --task: pendulum's
-        tasks["pendulum"] = merged
-    tasks[args.task] = figures | {"levels": levels, "runs": rows}
-    headline = {k: v for k, v in tasks.get("pendulum", {}).items() if k not in ("levels", "runs")}
+    entry = tasks.get(args.task, {})
+    methods = entry.get("methods", {}) | {m: {k: v for k, v in r.items() if k != "levels"} for m, r in results.items()}
+    rewritten = DEFAULT_METHOD in results  # the task's figures, runs and plot are the default method's
+    if rewritten:
+        shown = {"no learner": rows["no learner"], "frozen": rows["frozen"], "fine-tuned": rows[DEFAULT_METHOD]}
+        entry = results[DEFAULT_METHOD] | {"method": DEFAULT_METHOD, "runs": shown}
+    tasks[args.task] = entry | {"methods": methods}
+    headline = {k: v for k, v in tasks.get("pendulum", {}).items() if k not in ("levels", "runs", "methods", "method")}
     for task, result in tasks.items():
         if task != "pendulum":
             headline |= {f"{task}_{key}": result[key] for key in ("recovered_return_ratio", "frozen_return_ratio")}
+    ticks = [r["rolled_back_version_ticks_max"] for r in tasks.values() if "rolled_back_version_ticks_max" in r]
+    p99 = [r["tick_p99_ratio_with_learner"] for r in tasks.values()]
+    headline |= {"rolled_back_version_ticks_max": max(ticks, default=0), "tick_p99_ratio_with_learner": max(p99)}
     path.write_text(json.dumps(headline | {"tasks": tasks}, indent=2))
-    plot(
-        bench,
-        rows,
-        args.shift_at,
-        levels,
-        RESULTS / ("finetune.png" if args.task == "pendulum" else f"finetune_{args.task}.png"),
-    )
+    if rewritten:
+        plot(
+            bench,
+            {"frozen": rows["frozen"], "fine-tuned": rows[DEFAULT_METHOD]},
+            args.shift_at,
+            results[DEFAULT_METHOD]["levels"],
+            RESULTS / ("finetune.png" if args.task == "pendulum" else f"finetune_{args.task}.png"),
+        )
     print(json.dumps(headline))
 
 

@@ -1,6 +1,7 @@
 """GPU smoke run: SAC, FlashSAC, PQL and D-SPEAR for a few thousand steps on MJX + CUDA, then the
 locomotion skill presets at GPU scale (`crossq_spot_joystick_mjx`, `crossq_gr1_stand_mjx`,
-`crossq_gr1_legs_stand_mjx`: 4096 envs, batch 8192) for `--skill-minutes` of wall-clock each.
+`crossq_gr1_legs_stand_mjx`, `crossq_gr1_joystick_mjx`: 4096 envs, batch 8192) for `--skill-minutes` of
+wall-clock each.
 
 Each learner trains through the shared loop with the env and the learner on the GPU (`env.backend=mjx`,
 `env.device=cuda`), one after the other in this invocation, and reports its steady-state env steps/s
@@ -15,7 +16,8 @@ device or JAX no GPU, it reports why and skips (exit status 0).
 Prints a table, writes bench/results/gpu_smoke.json and prints the same JSON as its last line.
 Headline keys: `<learner>_env_steps_per_s` and `<learner>_updates_per_s`, plus the skill rows' physics
 figures under the keys `bench/skills.py` uses with `_mjx` appended (`spot_tracking_error_lin_mjx`;
-`gr1_stand_rate_legs_mjx` for GR1 with its arms welded), or `skipped` with the reason.
+`gr1_stand_rate_legs_mjx` for GR1 with its arms welded, `gr1_tracking_error_lin_mjx` for GR1 walking),
+or `skipped` with the reason.
 
 Results: docs/results/speed.md
 """
@@ -50,6 +52,7 @@ SKILL_PRESETS = {
     "spot_crossq": ("spot_joystick", "crossq_spot_joystick_mjx", "_mjx"),
     "gr1_crossq": ("gr1_stand", "crossq_gr1_stand_mjx", "_mjx"),
     "gr1_legs_crossq": ("gr1_stand", "crossq_gr1_legs_stand_mjx", "_legs_mjx"),
+    "gr1_joystick_crossq": ("gr1_joystick", "crossq_gr1_joystick_mjx", "_mjx"),
 }
 """Rows that train a shipped preset as it is (its own task, envs and learner) for `--skill-minutes`:
 row -> (the skill in `bench/skills.py` that judges it, the preset, the suffix of its headline keys)."""

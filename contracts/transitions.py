@@ -163,6 +163,9 @@ READY = "learner.ready"
 """The learner has loaded the run and reads the ring."""
 ROLLBACK = "rollback.json"
 """The node's last rollback: {"version": the good version it runs again, "refused": the bad one}."""
+GOOD = "good.json"
+"""The version the node last judged good (accepted, or rolled back to): {"version"}. The learner keeps
+its candidates near it (`FinetuneConfig.anchor`)."""
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

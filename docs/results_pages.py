@@ -60,7 +60,7 @@ BENCHES = [
     Bench("deploy_loop", "deploy-loop", "python bench/deploy_loop.py"),
     Bench("shield_tick", "deploy-loop", "python bench/shield_tick.py"),
     Bench("policy_latency", "deploy-loop", "python bench/policy_latency.py"),
-    Bench("finetune", "finetuning", "python bench/finetune.py [--task panda_reach]"),
+    Bench("finetune", "finetuning", "python bench/finetune.py [--task panda_reach] [--methods free anchored ...]"),
 ]
 """Every script in bench/, in the order the index lists them; its docstring names the same page."""
 BENCH_OF = {b.script: b for b in BENCHES}
@@ -1294,8 +1294,9 @@ def finetuning_page() -> str:
     )
     out += section("finetune", "Headline", ["finetune.json", "finetune.png"], lead=False)
     out += (
-        "The top level of the file holds pendulum's headline (as it did before the bench took `--task`) and "
-        "each other task's return ratios with the task's name in front:\n\n"
+        "The top level of the file holds pendulum's headline (as it did before the bench took `--task`), "
+        "each other task's return ratios with the task's name in front, and the worst "
+        "`rolled_back_version_ticks_max` and `tick_p99_ratio_with_learner` over the tasks:\n\n"
     )
     out += table(["key", "value"], [[code(k), num(v)] for k, v in data.items() if not isinstance(v, dict)])
     for task, result in data.get("tasks", {}).items():
@@ -1360,10 +1361,23 @@ def finetune_task(task: str, result: dict) -> str:
             "loop_deadline_misses_with_learner": "loop deadline misses in the fine-tuned run",
             "loop_deadline_miss_fraction_with_learner": "the same as a share of its ticks",
             "robot_seconds_after_shift": "seconds on the robot after the shift",
+            "robot_seconds_to_recover": "seconds from the shift to the acceptance of the first version at 0.9 "
+            "of nominal offline",
+            "rolled_back_version_ticks_max": "the most ticks a version later rolled back ran on the robot",
             "versions_swapped": "versions the node swapped in",
             "rollbacks": "versions it rolled back",
         },
     )
+    methods = result.get("methods", {})
+    if methods:
+        out += (
+            f"Fine-tuning methods tried (`--methods`; the figures above are `{result.get('method', 'free')}`'s), "
+            "each beside the same frozen run:\n\n"
+        )
+        columns = ["recovered_return_ratio", "best_version_return_ratio", "stream_tail_ratio_finetuned"]
+        columns += ["robot_seconds_to_recover", "rolled_back_version_ticks_max", "versions_swapped", "rollbacks"]
+        rows = [[code(name), *(num(figures.get(c), 4) for c in columns)] for name, figures in methods.items()]
+        out += table(["method", *map(code, columns)], rows)
     rows = []
     for kind, run in result.get("runs", {}).items():
         tuning = run.get("finetune", {})
@@ -1390,13 +1404,14 @@ def finetune_task(task: str, result: dict) -> str:
             f"v{v['version']}",
             num(v["seconds"]),
             v["verdict"],
+            num(v.get("ticks")),
             num(v["return"], 4),
             ratio(v["return"] / levels["nominal"]),
         ]
         for v in tuned.get("versions", [])
     ]
     out += "Each version the node swapped in, offline on the shifted simulator:\n\n"
-    out += table(["version", "swapped in at s", "verdict", "offline return", "÷ nominal"], rows)
+    out += table(["version", "swapped in at s", "verdict", "ticks on the robot", "offline return", "÷ nominal"], rows)
     rows = [
         [e["event"].replace("_", " "), num(e["version"]), num(e["tick"]), e["detail"]]
         for e in tuned.get("finetune", {}).get("events", [])

@@ -12,7 +12,7 @@ from q2real.hardware.model import load_model, substeps
 from q2real.safety.shield import ShieldConfig
 from q2real.sim.config import EnvConfig, resolve_backend, resolve_device
 from q2real.sim.physics import PhysicsBackend
-from q2real.sim.randomization import sample_model_fields
+from q2real.sim.randomization import draw_summary, sample_model_fields
 from q2real.sim.reward import check_scales
 from q2real.sim.shield_clamps import ShieldClamps
 from q2real.sim.task import Task
@@ -127,9 +127,13 @@ class TaskEnv(VecEnv):
         critic = self.task.critic_terms(self.physics) if task_config.critic_terms else {}
         if task_config.critic_terms and not critic:
             raise ConfigError(f"env.task_params.critic_terms: task {config.task!r} has no critic-only terms")
+        self._critic_terms = task_config.critic_terms
+        self._draw: torch.Tensor | None = None
+        if task_config.critic_dynamics:
+            critic["dynamics"] = self._draw = draw_summary(model, fields, self._latency)
         self.critic_names = tuple(critic)
-        """Terms after the policy's observation that only the critics see (`TaskConfig.critic_terms`)."""
-        self.critic_dim = sum(t.shape[-1] for t in critic.values())
+        self.critic_dims = tuple(t.shape[-1] for t in critic.values())
+        self.critic_dim = sum(self.critic_dims)
         self.obs_dim = sum(self.obs_dims) + self.critic_dim
         sources = self.task.observed_sources()
         self.obs_sources = tuple(sources[name] for name in self.obs_names) if sources is not None else None
@@ -167,7 +171,8 @@ class TaskEnv(VecEnv):
         obs = self._noisy(self.task.observe(physics) if policy_obs is None else policy_obs)
         if not self.critic_dim:
             return obs
-        return torch.cat([obs, *self.task.critic_terms(physics).values()], dim=-1)
+        terms = [*self.task.critic_terms(physics).values()] if self._critic_terms else []
+        return torch.cat([obs, *terms, *([self._draw] if self._draw is not None else [])], dim=-1)
 
     def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
         """Sensor noise and bias on every column that a sensor gives; none on the command and the previous
@@ -206,13 +211,15 @@ class TaskEnv(VecEnv):
         if not 0.0 <= strength <= 1.0:
             raise ValueError(f"randomization strength: expected 0 <= strength <= 1, got {strength}")
         dr = self.config.randomization
+        fields = None
         if dr.randomizes_physics:
             gen = torch.Generator().manual_seed(self.config.seed)  # the draws of __init__, in its order
-            self.backend.set_model_fields(
-                sample_model_fields(self._model, dr, self.num_envs, gen, self.task.push_body, strength)
-            )
+            fields = sample_model_fields(self._model, dr, self.num_envs, gen, self.task.push_body, strength)
+            self.backend.set_model_fields(fields)
         self._obs_bias = self._full_bias * strength
         self._latency = torch.floor(self._full_latency * strength + 0.5).long()
+        if self._draw is not None:
+            self._draw = draw_summary(self._model, fields, self._latency)
         self.randomization_strength = strength
 
     def reset(self, seed: int | None = None) -> torch.Tensor:

@@ -146,3 +146,45 @@ def sample_model_fields(
         gravcomp[:, payload_body] *= own / mass[:, payload_body]
         fields["body_gravcomp"] = gravcomp
     return fields
+
+
+DRAW_RANGES = (
+    "action_latency", "mass_scale", "payload", "friction_scale", "actuator_gain_scale", "kp_scale", "kd_scale",
+    "damping_scale",
+)  # fmt: skip
+"""The ranges `draw_summary` describes, the robot's draw as the critics see it (`TaskConfig.critic_dynamics`)."""
+
+
+def summarized(config: RandomizationConfig) -> bool:
+    """Whether any range `draw_summary` describes draws anything but the nominal robot."""
+    nominal = RandomizationConfig()
+    return any(getattr(config, name) != getattr(nominal, name) for name in DRAW_RANGES)
+
+
+def draw_summary(model: mujoco.MjModel, fields: dict[str, np.ndarray] | None, latency: torch.Tensor) -> torch.Tensor:
+    """Each env's robot in a few numbers (num_envs, 6), 0 for the nominal robot: its action latency in
+    ticks, then the relative change of its total mass (payload included), and the mean relative change
+    of its geoms' sliding friction, its actuators' gain (actuator gain and Kp together) and damping
+    (Kd), and its joints' damping. What they leave out (where on the robot the mass moved, centre of
+    mass shifts, armature) the critic learns its expectation over."""
+    n = latency.shape[0]
+    fields = fields or {}
+
+    def change(name: str, nominal: np.ndarray, pick=lambda a: a) -> np.ndarray:
+        if name not in fields:
+            return np.zeros(n)
+        used = pick(nominal) != 0
+        if not used.any():
+            return np.zeros(n)
+        return (pick(fields[name])[:, used] / pick(nominal)[used]).mean(-1) - 1.0
+
+    mass = fields["body_mass"].sum(-1) / model.body_mass.sum() - 1.0 if "body_mass" in fields else np.zeros(n)
+    columns = [
+        mass,
+        change("geom_friction", model.geom_friction, lambda a: a[..., 0]),
+        change("actuator_gainprm", model.actuator_gainprm, lambda a: a[..., 0]),
+        change("actuator_biasprm", model.actuator_biasprm, lambda a: a[..., 2]),
+        change("dof_damping", model.dof_damping),
+    ]
+    summary = torch.from_numpy(np.stack(columns, axis=-1)).to(torch.float32)
+    return torch.cat([latency.float().cpu()[:, None], summary], dim=-1).to(latency.device)

@@ -63,6 +63,13 @@ class TaskConfig:
     velocity) after the policy's observation: the critics see them, the actor and the bundle do not
     (asymmetric actor-critic, as MuJoCo Playground's privileged state and FastTD3). A critic that cannot
     see what the reward reads learns its expectation over everything the observation leaves open."""
+    critic_dynamics: bool = False
+    """Append each env's robot as randomization drew it (`q2real.sim.randomization.draw_summary`: its
+    action latency and the changes of its mass, friction, actuator gain and damping, and joint damping)
+    after the policy's observation and any `critic_terms`, for the critics alone. The policy must act
+    well on every robot of the ranges; a critic that knows which one it judges values each action for
+    that robot instead of averaging over all of them (privileged dynamics, as in teacher-student and
+    asymmetric actor-critic locomotion training)."""
     reward_scales: RewardScales = field(default_factory=RewardScales)
     """Per reward term, the scale it is summed with (`q2real.sim.reward.weigh`): reweight a term, or
     switch it off with 0, as `reward_scales.<term>: value`. Each task names its terms; training logs

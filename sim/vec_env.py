@@ -79,6 +79,11 @@ class VecEnv(ABC):
     """The shield's clamps act inside the env (`env.shield_in_loop`): what the policy asks for and what
     the robot is sent differ, and the replay holds the former."""
 
+    critic_names: tuple[str, ...] = ()
+    """Critic-only terms after the policy's observation (`TaskConfig.critic_terms`, `critic_dynamics`)."""
+    critic_dims: tuple[int, ...] = ()
+    """Their widths."""
+
     @property
     def policy_obs_dim(self) -> int:
         """Leading observation columns the policy sees (what a bundle takes); any after them are
@@ -98,7 +103,7 @@ class VecEnv(ABC):
         if self.policy_obs_dim != self.obs_dim:
             raise ConfigError(
                 f"env.task_params.critic_terms: {what} uses only what the robot observes; "
-                "set critic_terms to false for it"
+                "set critic_terms and critic_dynamics to false for it"
             )
 
     @abstractmethod

@@ -44,6 +44,8 @@ def test_every_json_in_bench_results_is_read_by_a_results_page(pages: ModuleType
     for _source, make in pages.generators().values():
         make()
     written = {path.relative_to(RESULTS).as_posix() for path in RESULTS.rglob("*.json")}
+    # Runs done in parts keep their working directories in skills/parts until they finish: not results.
+    written = {name for name in written if not name.startswith("skills/parts/")}
     assert sorted(written - pages.loaded) == [], "results no page shows; add them to docs/results_pages.py"
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.optim.adam import adam
 
+from q2real.agents.common.anchor import Anchor
 from q2real.agents.common.chunk_critics import CausalChunkCritic, ChunkConfig, decoupled_loss, multi_horizon_loss
 from q2real.agents.common.heads import CategoricalHead, QuantileHead, ScalarHead
 from q2real.agents.common.networks import (
@@ -342,6 +343,7 @@ class ActorCritic(nn.Module):
         self.critic_optim = make_optimizer(self.critics().parameters(), config.critic_lr, config.weight_decay, beta1)
         self.actor_optim = make_optimizer(self.actor.parameters(), config.actor_lr, config.weight_decay, beta1)
         self.updates = 0
+        self.anchor: Anchor | None = None
         self._compiled: dict[str, Callable] = {}
         if config.compile and device.type == "cpu" and not any(map(shutil.which, ("g++", "c++", "clang++"))):
             raise ValueError("compile: inductor builds CPU kernels with a C++ compiler and none is on PATH")
@@ -511,12 +513,26 @@ class ActorCritic(nn.Module):
 
     def actor_step(self, raw_obs: torch.Tensor) -> dict[str, torch.Tensor]:
         """What `actor_update` runs (compiled with `compile`)."""
-        actor_loss, extra = self.actor_loss(self.obs_norm(raw_obs))
+        obs = self.obs_norm(raw_obs)
+        actor_loss, extra = self.actor_loss(obs)
+        if self.anchor is not None:
+            penalty, distance = self.anchor.penalty(self.deterministic(obs), raw_obs)
+            actor_loss = actor_loss + penalty
+            extra = extra | {"anchor_distance": distance}
         self._step(self.actor_optim, actor_loss, self.actor)
         if self.actor_average is not None:
             average_weights(self.actor_average, self.actor, self.config.actor_average)
         self.after_actor_step()
         return {"actor_loss": actor_loss.detach(), **extra}
+
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The actor's deterministic action as it acts (eval mode: batch-norm layers use, and do not
+        update, their running statistics), with gradients, on normalized observations."""
+        training = self.actor.training
+        self.actor.eval()
+        action = self.actor(obs)
+        self.actor.train(training)
+        return action
 
     def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Q_i(s, a) of every critic member, (E, B), on normalized observations, for the policy's output

@@ -15,6 +15,7 @@ training env, exploration-noise repeats) starts fresh, for the one robot.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ import yaml
 
 from q2real.agents.callbacks import Callback
 from q2real.agents.common.actor_critic import ActorCritic
+from q2real.agents.common.anchor import Anchor
 from q2real.agents.common.checkpoint import CHECKPOINT
 from q2real.agents.common.run_dir import LogConfig, write_atomic
 from q2real.agents.config import TrainConfig, load_run_config
@@ -53,6 +55,10 @@ class FinetuneConfig:
     """Transitions before the actor moves; until then only the critic learns."""
     replay_capacity: int = 100_000
     """Robot transitions kept (oldest dropped first)."""
+    anchor: float = 0.0
+    """Weight of the trust region around the handed-over policy (on the robot: the last version it
+    judged good): the actor loss pays this times the squared distance of its actions from that policy's
+    (`q2real.agents.common.anchor`), so a candidate stays where the robot's data are. 0: a free actor."""
     updates_per_step: float = 1.0
     """Gradient updates per robot transition once learning starts (may be fractional)."""
     eval_every: int = 1_000
@@ -78,6 +84,8 @@ class FinetuneConfig:
     def validate(self) -> None:
         if not self.run:
             raise ConfigError("run: expected the trained run directory to fine-tune")
+        if not (self.anchor >= 0 and math.isfinite(self.anchor)):
+            raise ConfigError(f"anchor: expected a finite weight >= 0, got {self.anchor}")
         if self.actor_start < self.warmup_steps:
             raise ConfigError(f"actor_start: expected >= warmup_steps ({self.warmup_steps}), got {self.actor_start}")
         self.shift.validate("shift")
@@ -143,6 +151,8 @@ class Finetuner(Trainer):
         for name, optimizer in agent.optimizers().items():
             optimizer.load_state_dict(state["optimizers"][name])
         agent.updates = int(state["updates"])
+        if self.finetune.anchor > 0:
+            agent.anchor = Anchor(agent.policy, agent.obs_norm, self.finetune.anchor)
         return agent
 
     def warmup_action(self) -> torch.Tensor:

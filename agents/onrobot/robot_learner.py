@@ -17,7 +17,8 @@ Every `publish_every` seconds after `actor_start` it exports the deterministic p
 the bundle (`vNNNN.onnx`), with a parity probe (recent robot observations and the commands the torch
 policy gives for them) and the actor's state, and announces it in `candidate.json`. The node validates
 and swaps it, or refuses it; when it rolls back to a good version (`rollback.json`) the actor and its
-observation statistics are reloaded from that version, the critic keeps what it learned. It exits,
+observation statistics are reloaded from that version, the critic keeps what it learned. The version
+the node last judged good (`good.json`) is the anchor later candidates are kept near. It exits,
 checkpointing, when the node's process is gone.
 """
 
@@ -43,7 +44,7 @@ from q2real.agents.onrobot.finetune import FinetuneConfig, Finetuner, HandoffEva
 from q2real.agents.train import Trainer
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError, load
-from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing, version_name
+from q2real.contracts.transitions import CANDIDATE, GOOD, READY, RING, ROLLBACK, RUN, TransitionRing, version_name
 from q2real.sim.config import refuse_stepped_actions
 from q2real.sim.streamed import StreamedState
 from q2real.sim.vec_env import StepResult
@@ -95,6 +96,9 @@ class RobotLearner(Finetuner):
 
     # --- transitions from the ring -------------------------------------------------------------------
     def collect(self) -> None:
+        # Every row the node wrote gets its reward now, at the robot's pace however slow the updates are:
+        # the node judges a version on trial by those rewards, and waits for them.
+        self._fill(wait=False)
         while not self._pending:
             self._fill()
         obs, action, reward, next_obs, terminated = self._pending.popleft()
@@ -113,13 +117,15 @@ class RobotLearner(Finetuner):
         self.step += self.envs_per_iteration  # one robot
         self.iteration += 1
 
-    def _fill(self) -> None:
-        """Pair consecutive RUN rows into transitions; wait briefly when the node has written nothing new."""
+    def _fill(self, wait: bool = True) -> None:
+        """Pair consecutive RUN rows into transitions; with `wait`, wait briefly when the node has written
+        nothing new."""
         rows, self.read_at = self.ring.read(self.read_at, READ_ROWS)
         if not len(rows):
-            if self.parent is not None and os.getppid() != self.parent:
+            if wait and self.parent is not None and os.getppid() != self.parent:
                 raise StopTraining  # the node's process is gone: checkpoint and stop
-            time.sleep(0.002)
+            if wait:
+                time.sleep(0.002)
             return
         first = self.read_at - len(rows)
         if self._previous is not None and self._previous_index == first - 1:
@@ -190,11 +196,20 @@ class RobotLearner(Finetuner):
         write_atomic(self.directory / CANDIDATE, json.dumps(announcement | progress))
 
     def roll_back(self, version: int) -> None:
-        state = torch.load(self.directory / f"{version_name(version)}.pt", weights_only=True)
+        state = self.saved_actor(version)
         self.agent.actor.load_state_dict(state["actor"])
         if self.agent.actor_average is not None:
             self.agent.actor_average.load_state_dict(state["actor_average"])
         self.agent.obs_norm.load_state_dict(state["obs_norm"])
+
+    def anchor_to(self, version: int) -> None:
+        """Keep the candidates near `version`, which the node judged good (`FinetuneConfig.anchor`)."""
+        if self.agent.anchor is not None:
+            state = self.saved_actor(version)
+            self.agent.anchor.hold(state.get("actor_average", state["actor"]), state["obs_norm"])
+
+    def saved_actor(self, version: int) -> dict:
+        return torch.load(self.directory / f"{version_name(version)}.pt", weights_only=True)
 
 
 class Publisher(Callback):
@@ -205,14 +220,15 @@ class Publisher(Callback):
         self.version = 0
         trainer.save_actor(0)  # the handed-over policy: what a rollback to the deployed bundle reloads
         self.last = time.monotonic()
-        self.rollback = ""
+        self.seen = {ROLLBACK: "", GOOD: ""}
 
     def on_iteration(self, trainer: Trainer) -> None:
         assert isinstance(trainer, RobotLearner)
-        path = trainer.directory / ROLLBACK
-        if path.is_file() and (text := path.read_text()) != self.rollback:
-            self.rollback = text
-            trainer.roll_back(int(json.loads(text)["version"]))
+        for name, follow in ((ROLLBACK, trainer.roll_back), (GOOD, trainer.anchor_to)):
+            path = trainer.directory / name
+            if path.is_file() and (text := path.read_text()) != self.seen[name]:
+                self.seen[name] = text
+                follow(int(json.loads(text)["version"]))
         now = time.monotonic()
         if trainer.step >= trainer.finetune.actor_start and now - self.last >= trainer.publish_every:
             self.version += 1

@@ -11,8 +11,9 @@ mirrors that directory across the network (`link.proto`), so both ends run uncha
   lost (oldest first), and they are counted. Back come the rewards (written into the ring, where the
   node judges a version), each version's files (in chunks, size-capped, renamed into place when
   whole) and then its announcement, which the node validates, swaps and rolls back exactly as for a
-  local learner. The node's rollbacks go up. When the session ends (the learner died, the network
-  went), the client exits, so the node sees a dead learner and keeps its last good version.
+  local learner. The node's rollbacks and the versions it judged good go up. When the session ends
+  (the learner died, the network went), the client exits, so the node sees a dead learner and keeps
+  its last good version.
 - On the workstation, `q2real learn --serve HOST:PORT RUN_DIR` serves one robot at a time: per session
   a directory with a ring of the robot's layout, filled at the robot's row indices, and the learner
   process that would run on the robot (`q2real.agents.onrobot.robot_learner`), whose rewards, versions and
@@ -46,7 +47,16 @@ import numpy as np
 from q2real.configs import checks
 from q2real.configs.errors import Q2RealError
 from q2real.configs.loader import ConfigError
-from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, TransitionRing, version_name, write_atomic
+from q2real.contracts.transitions import (
+    CANDIDATE,
+    GOOD,
+    READY,
+    RING,
+    ROLLBACK,
+    TransitionRing,
+    version_name,
+    write_atomic,
+)
 from q2real.deploy_ros.learning import link_pb2 as pb
 from q2real.deploy_ros.learning.learner_process import LOG, launch, learner_command
 from q2real.deploy_ros.signals import on_signal
@@ -172,7 +182,7 @@ class Client:
         self.receiver = Receiver(directory, self.ring)
         self.sent = 0
         self.batch = max(1, min(self.ring.capacity // 2, MESSAGE_BYTES // self.ring.dtype.itemsize))
-        self._rollback = ""
+        self._sent_notes = {ROLLBACK: "", GOOD: ""}
         self._stop = threading.Event()
 
     def requests(self) -> Iterator[pb.FromRobot]:
@@ -188,13 +198,16 @@ class Client:
             if len(rows):
                 yield pb.FromRobot(rows=pb.Rows(first=after - len(rows), data=rows.tobytes(), dropped=ring.dropped))
             self.sent = after
-            path = self.directory / ROLLBACK
-            if path.is_file() and (text := path.read_text()) != self._rollback:
-                self._rollback = text
-                note = json.loads(text)
-                yield pb.FromRobot(
-                    rollback=pb.Rollback(version=note["version"], refused=note["refused"], reason=note["reason"])
-                )
+            for name in (ROLLBACK, GOOD):
+                path = self.directory / name
+                if path.is_file() and (text := path.read_text()) != self._sent_notes[name]:
+                    self._sent_notes[name] = text
+                    note = json.loads(text)
+                    if name == GOOD:
+                        yield pb.FromRobot(good=pb.Good(version=note["version"]))
+                    else:
+                        rollback = pb.Rollback(version=note["version"], refused=note["refused"], reason=note["reason"])
+                        yield pb.FromRobot(rollback=rollback)
             if self.parent is not None and os.getppid() != self.parent:
                 self._stop.set()  # the node's process is gone
             elif len(rows) < self.batch:
@@ -339,13 +352,16 @@ class Relay:
                     ring.put(message.rows.first, rows)
                     self.received += len(rows)
                     self.dropped = message.rows.dropped
-                elif kind == "rollback":
-                    note = message.rollback
-                    if (directory / f"{version_name(note.version)}.pt").is_file():
-                        rollback = {"version": note.version, "refused": note.refused, "reason": note.reason}
-                        write_atomic(directory / ROLLBACK, json.dumps(rollback))
+                elif kind in ("rollback", "good"):
+                    version = message.rollback.version if kind == "rollback" else message.good.version
+                    if not (directory / f"{version_name(version)}.pt").is_file():
+                        print(f"learn: a {kind} note on version {version}, never made here", flush=True)
+                    elif kind == "good":
+                        write_atomic(directory / GOOD, json.dumps({"version": version}))
                     else:
-                        print(f"learn: a rollback to version {note.version}, which this learner never made", flush=True)
+                        note = message.rollback
+                        rollback = {"version": version, "refused": note.refused, "reason": note.reason}
+                        write_atomic(directory / ROLLBACK, json.dumps(rollback))
         except ValueError as err:
             print(f"learn: the robot's stream is malformed: {err}", flush=True)
         except grpc.RpcError:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nlink.proto\x12\x0bq2real.link\"\x86\x01\n\tFromRobot\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.q2real.link.HelloH\x00\x12!\n\x04rows\x18\x02 \x01(\x0b\x32\x11.q2real.link.RowsH\x00\x12)\n\x08rollback\x18\x03 \x01(\x0b\x32\x15.q2real.link.RollbackH\x00\x42\x06\n\x04kind\"`\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x03\x12\x0f\n\x07obs_dim\x18\x03 \x01(\x03\x12\x12\n\naction_dim\x18\x04 \x01(\x03\x12\x0e\n\x06joints\x18\x05 \x01(\x03\"4\n\x04Rows\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x03\"<\n\x08Rollback\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x0f\n\x07refused\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xe2\x01\n\x0b\x46romLearner\x12#\n\x05ready\x18\x01 \x01(\x0b\x32\x12.q2real.link.ReadyH\x00\x12\'\n\x07rewards\x18\x02 \x01(\x0b\x32\x14.q2real.link.RewardsH\x00\x12\'\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x16.q2real.link.FileChunkH\x00\x12+\n\tcandidate\x18\x04 \x01(\x0b\x32\x16.q2real.link.CandidateH\x00\x12\'\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32\x14.q2real.link.FailureH\x00\x42\x06\n\x04kind\"\x14\n\x05Ready\x12\x0b\n\x03run\x18\x01 \x01(\t\"(\n\x07Rewards\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x0e\n\x06values\x18\x02 \x01(\x0c\"E\n\tFileChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\"*\n\tCandidate\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\x19\n\x07\x46\x61ilure\x12\x0e\n\x06reason\x18\x01 \x01(\t2J\n\x07Learner\x12?\n\x07Session\x12\x16.q2real.link.FromRobot\x1a\x18.q2real.link.FromLearner(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nlink.proto\x12\x0bq2real.link\"\xa9\x01\n\tFromRobot\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.q2real.link.HelloH\x00\x12!\n\x04rows\x18\x02 \x01(\x0b\x32\x11.q2real.link.RowsH\x00\x12)\n\x08rollback\x18\x03 \x01(\x0b\x32\x15.q2real.link.RollbackH\x00\x12!\n\x04good\x18\x04 \x01(\x0b\x32\x11.q2real.link.GoodH\x00\x42\x06\n\x04kind\"`\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x03\x12\x0f\n\x07obs_dim\x18\x03 \x01(\x03\x12\x12\n\naction_dim\x18\x04 \x01(\x03\x12\x0e\n\x06joints\x18\x05 \x01(\x03\"4\n\x04Rows\x12\r\n\x05\x66irst\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x03\"<\n\x08Rollback\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x0f\n\x07refused\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x17\n\x04Good\x12\x0f\n\x07version\x18\x01 \x01(\x05\"\xe2\x01\n\x0b\x46romLearner\x12#\n\x05ready\x18\x01 \x01(\x0b\x32\x12.q2real.link.ReadyH\x00\x12\'\n\x07rewards\x18\x02 \x01(\x0b\x32\x14.q2real.link.RewardsH\x00\x12\'\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x16.q2real.link.FileChunkH\x00\x12+\n\tcandidate\x18\x04 \x01(\x0b\x32\x16.q2real.link.CandidateH\x00\x12\'\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32\x14.q2real.link.FailureH\x00\x42\x06\n\x04kind\"\x14\n\x05Ready\x12\x0b\n\x03run\x18\x01 \x01(\t\"(\n\x07Rewards\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x0e\n\x06values\x18\x02 \x01(\x0c\"E\n\tFileChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\"*\n\tCandidate\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\x19\n\x07\x46\x61ilure\x12\x0e\n\x06reason\x18\x01 \x01(\t2J\n\x07Learner\x12?\n\x07Session\x12\x16.q2real.link.FromRobot\x1a\x18.q2real.link.FromLearner(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,25 +32,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'link_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FROMROBOT']._serialized_start=28
-  _globals['_FROMROBOT']._serialized_end=162
-  _globals['_HELLO']._serialized_start=164
-  _globals['_HELLO']._serialized_end=260
-  _globals['_ROWS']._serialized_start=262
-  _globals['_ROWS']._serialized_end=314
-  _globals['_ROLLBACK']._serialized_start=316
-  _globals['_ROLLBACK']._serialized_end=376
-  _globals['_FROMLEARNER']._serialized_start=379
-  _globals['_FROMLEARNER']._serialized_end=605
-  _globals['_READY']._serialized_start=607
-  _globals['_READY']._serialized_end=627
-  _globals['_REWARDS']._serialized_start=629
-  _globals['_REWARDS']._serialized_end=669
-  _globals['_FILECHUNK']._serialized_start=671
-  _globals['_FILECHUNK']._serialized_end=740
-  _globals['_CANDIDATE']._serialized_start=742
-  _globals['_CANDIDATE']._serialized_end=784
-  _globals['_FAILURE']._serialized_start=786
-  _globals['_FAILURE']._serialized_end=811
-  _globals['_LEARNER']._serialized_start=813
-  _globals['_LEARNER']._serialized_end=887
+  _globals['_FROMROBOT']._serialized_end=197
+  _globals['_HELLO']._serialized_start=199
+  _globals['_HELLO']._serialized_end=295
+  _globals['_ROWS']._serialized_start=297
+  _globals['_ROWS']._serialized_end=349
+  _globals['_ROLLBACK']._serialized_start=351
+  _globals['_ROLLBACK']._serialized_end=411
+  _globals['_GOOD']._serialized_start=413
+  _globals['_GOOD']._serialized_end=436
+  _globals['_FROMLEARNER']._serialized_start=439
+  _globals['_FROMLEARNER']._serialized_end=665
+  _globals['_READY']._serialized_start=667
+  _globals['_READY']._serialized_end=687
+  _globals['_REWARDS']._serialized_start=689
+  _globals['_REWARDS']._serialized_end=729
+  _globals['_FILECHUNK']._serialized_start=731
+  _globals['_FILECHUNK']._serialized_end=800
+  _globals['_CANDIDATE']._serialized_start=802
+  _globals['_CANDIDATE']._serialized_end=844
+  _globals['_FAILURE']._serialized_start=846
+  _globals['_FAILURE']._serialized_end=871
+  _globals['_LEARNER']._serialized_start=873
+  _globals['_LEARNER']._serialized_end=947
 # @@protoc_insertion_point(module_scope)

@@ -6,14 +6,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class FromRobot(_message.Message):
-    __slots__ = ("hello", "rows", "rollback")
+    __slots__ = ("hello", "rows", "rollback", "good")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    GOOD_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     rows: Rows
     rollback: Rollback
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., rows: _Optional[_Union[Rows, _Mapping]] = ..., rollback: _Optional[_Union[Rollback, _Mapping]] = ...) -> None: ...
+    good: Good
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., rows: _Optional[_Union[Rows, _Mapping]] = ..., rollback: _Optional[_Union[Rollback, _Mapping]] = ..., good: _Optional[_Union[Good, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol", "capacity", "obs_dim", "action_dim", "joints")
@@ -48,6 +50,12 @@ class Rollback(_message.Message):
     refused: int
     reason: str
     def __init__(self, version: _Optional[int] = ..., refused: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Good(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
 
 class FromLearner(_message.Message):
     __slots__ = ("ready", "rewards", "chunk", "candidate", "failure")

@@ -54,6 +54,7 @@ from q2real.contracts.schema import BundleError, robot_from_metadata
 from q2real.contracts.transitions import (
     CANDIDATE,
     CHANGED,
+    GOOD,
     RING,
     ROLLBACK,
     RUN,
@@ -383,13 +384,15 @@ class RobotLearning:
             self._accept(trial, trial.verdict.detail)
 
     def _turn_over(self, trial: Trial) -> bool:
-        """Whether the running segment is done and the other version takes over. The new version takes a
-        turn only once the rewards of every segment before the running one have come (a stalled learner
-        leaves the good version running), and never more than `max_pairs` of them."""
+        """Whether the running segment is done and the next one starts. The new version takes over from the
+        good one only once the rewards of every segment before the running one have come (a stalled or
+        lagging learner leaves the good version running), and never for more than `max_pairs` turns; a
+        segment of the new version is never drawn out waiting for them (the next, its own or the good
+        version's, starts on time)."""
         if self.ring.head - trial.starts[-1] < self.settings.segment:
             return False
         following = len(trial.starts)
-        if not new_runs(following):
+        if not new_runs(following) or new_runs(following - 1):
             return True
         return following < 2 * self.settings.max_pairs and self.ring.rewarded >= trial.starts[-1]
 
@@ -418,6 +421,7 @@ class RobotLearning:
         self.good, self.good_version = self.node.bundle, trial.version
         self.trial = None
         self.counts.accepted += 1
+        write_atomic(self.directory / GOOD, json.dumps({"version": trial.version}))
         self._event("accepted", trial.version, detail)
 
     def _roll_back(self, detail: str) -> None:
@@ -428,6 +432,7 @@ class RobotLearning:
         self.counts.rollbacks += 1
         rollback = {"version": self.good_version, "refused": trial.version, "reason": detail}
         write_atomic(self.directory / ROLLBACK, json.dumps(rollback))
+        write_atomic(self.directory / GOOD, json.dumps({"version": self.good_version}))
         self._event("rolled_back", self.good_version, f"version {trial.version}: {detail}")
 
     def _event(self, kind: str, version: int, detail: str) -> None:

@@ -13,7 +13,7 @@ from torch import nn
 from q2real.agents.config import TrainConfig
 from q2real.agents.export import DeployPolicy, export_run, load_run_policy
 from q2real.agents.learners import build_agent
-from q2real.agents.train import train
+from q2real.agents.train import Trainer, train
 from q2real.configs.loader import ConfigError, load
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.gate.evaluation import evaluate_run
@@ -106,3 +106,41 @@ def test_what_sees_only_the_robots_observation_refuses_critic_terms(tmp_path: Pa
         build_agent(config, spot())
     with pytest.raises(ConfigError, match=r"env.task_params.critic_terms: a residual over a base policy uses only"):
         BaseActionEnv(spot(), nn.Identity(), 12)
+
+
+def test_the_critics_see_each_robots_draw_which_follows_a_curriculum_and_the_policy_does_not() -> None:
+    """Hand-set ranges whose every draw is known: 20 % more mass everywhere, half the friction, 0.7 of
+    the actuator gain with Kp at 1.1 (0.77 together), Kd 0.9, 2 ticks of latency, and 1.5 times a joint
+    damping Spot's model does not have (no change to see); at half strength each scale is halfway and
+    the latency rounds to 1."""
+    ranges = RandomizationConfig(
+        mass_scale=(1.2, 1.2), friction_scale=(0.5, 0.5), actuator_gain_scale=(0.7, 0.7), kp_scale=(1.1, 1.1),
+        kd_scale=(0.9, 0.9), damping_scale=(1.5, 1.5), action_latency=(2, 2),
+    )  # fmt: skip
+    params = {"critic_dynamics": True, "observe_last_action": True}
+    env = make(
+        task="spot_joystick", num_envs=3, device="cpu", backend="mujoco", task_params=params, randomization=ranges
+    )
+    plain = make(task="spot_joystick", num_envs=3, device="cpu", backend="mujoco", randomization=ranges,
+                 task_params={"observe_last_action": True})  # fmt: skip
+    assert env.critic_names == ("dynamics",) and env.critic_dims == (6,) and env.policy_obs_dim == plain.obs_dim
+    full = torch.tensor([2.0, 0.2, -0.5, 0.77 - 1, 0.9 - 1, 0.0])
+    obs = env.reset(seed=0)
+    torch.testing.assert_close(obs[:, env.policy_obs_dim :], full.expand(3, 6), rtol=0, atol=1e-6)
+    assert torch.equal(obs[:, : env.policy_obs_dim], plain.reset(seed=0)), "the policy's columns are as without"
+    env.set_randomization_strength(0.5)
+    half = torch.tensor([1.0, 0.1, -0.25, 0.85 * 1.05 - 1, -0.05, 0.0])  # gain and Kp each halfway
+    step = env.step(torch.zeros(3, env.action_dim))
+    torch.testing.assert_close(step.next_obs[:, env.policy_obs_dim :], half.expand(3, 6), rtol=0, atol=1e-6)
+    # Judged on the nominal robot (the gate's nominal row, a fine-tuning env without a shift), the
+    # columns say so: zeros.
+    nominal = make(task="spot_joystick", num_envs=1, device="cpu", backend="mujoco", task_params=params)
+    assert torch.equal(nominal.reset(seed=0)[:, nominal.policy_obs_dim :], torch.zeros(1, 6))
+    for e in (env, plain, nominal):
+        e.close()
+
+
+def test_training_critics_on_a_draw_of_nothing_is_refused_by_name(tmp_path: Path) -> None:
+    config = small(tmp_path, "algo=crossq", "env.task_params.critic_dynamics=true", "env.randomization.com_offset=0.01")
+    with pytest.raises(ConfigError, match=r"env.task_params.critic_dynamics: env.randomization draws no robot"):
+        Trainer(config)

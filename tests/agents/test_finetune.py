@@ -98,3 +98,29 @@ def test_a_run_trained_under_a_ramp_hands_over_to_fine_tuning_without_one() -> N
     config = handoff_config(FinetuneConfig(run=str(FIXTURE_RUN)), run)
     assert config.randomization_ramp_steps == 0
     config.validate()
+
+
+@pytest.mark.slow  # two short fine-tuning jobs on the pendulum: about 20 s
+def test_the_anchor_keeps_the_fine_tuned_actor_near_the_handed_over_policy(tmp_path: Path) -> None:
+    """Under the weak actuator the free actor moves away from the policy it was handed; with the anchor
+    the same updates leave it several times closer, and the loss says how far it is."""
+    job = ("total_steps=1200", "warmup_steps=200", "actor_start=200", "eval_every=0", "eval_envs=2", "seed=3")
+    probe = torch.randn(256, 3, generator=torch.Generator().manual_seed(0))
+    distances = {}
+    for weight in (0.0, 30.0):
+        trainer = Finetuner(_config(tmp_path, *job, f"anchor={weight}", f"log.name=ft{weight}"))
+        handed_over = trainer.agent.act(probe, deterministic=True, averaged=False)
+        trainer.run()
+        moved = trainer.agent.act(probe, deterministic=True, averaged=False) - handed_over
+        distances[weight] = float(moved.abs().mean())
+        records = [json.loads(line) for line in (trainer.path / "metrics.jsonl").read_text().splitlines()]
+        logged = [r["anchor_distance"] for r in records if "anchor_distance" in r]
+        assert bool(logged) == (weight > 0), "the anchor's distance is logged where there is an anchor"
+    assert distances[0.0] > 0.02, distances
+    assert distances[30.0] < 0.35 * distances[0.0], distances
+
+
+def test_an_anchor_is_refused_unless_a_finite_weight_of_zero_or_more(tmp_path: Path) -> None:
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(ConfigError, match="anchor: expected a finite weight >= 0"):
+            _config(tmp_path, f"anchor={bad}")

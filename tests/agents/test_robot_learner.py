@@ -3,6 +3,7 @@ the stream (arms included), or the values of the node's reward input."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from q2real.agents.onrobot.finetune import FinetuneConfig, Finetuner
 from q2real.agents.onrobot.robot_learner import RobotLearner
 from q2real.agents.train import train
 from q2real.configs.loader import ConfigError, load
-from q2real.contracts.transitions import RING, RUN, TransitionRing
+from q2real.contracts.transitions import GOOD, RING, ROLLBACK, RUN, TransitionRing
 from q2real.sim import make
 from tests.conftest import FIXTURE_RUN
 
@@ -42,6 +43,23 @@ def test_with_reward_topic_the_inputs_values_are_the_rewards_and_rows_without_on
     assert rewarded == 4 and np.array_equal(written, np.float32([0.25, np.nan, -1.5, 2.0]), equal_nan=True)
     obs, _, _, next_obs, _ = learner._pending[1]
     assert torch.allclose(obs, torch.full((1, 3), 0.2)) and torch.allclose(next_obs, torch.full((1, 3), 0.3))
+    learner.env.close()
+    learner.eval_env.close()
+
+
+def test_rewards_reach_the_node_at_the_robots_pace_however_far_behind_the_updates_are(tmp_path: Path) -> None:
+    """The node judges a version on trial by the learner's rewards: each transition the learner takes in
+    rewards every row written since, not only the one it learns from next."""
+    learner = _learner(tmp_path, FIXTURE_RUN, (3, 1, 1), "reward=topic")
+    ring = learner.ring
+    for tick in range(200):
+        ring.append(tick, np.zeros(3), np.array([0.5]), np.array([0.1]), np.array([0.0]), 0, RUN, 1.0)
+    learner.collect()
+    assert learner.step == 1 and ring.rewarded == 199
+    for tick in range(200, 260):
+        ring.append(tick, np.zeros(3), np.array([0.5]), np.array([0.1]), np.array([0.0]), 0, RUN, 1.0)
+    learner.collect()
+    assert learner.step == 2 and ring.rewarded == 259, "the second transition's turn rewarded all 60 new rows"
     learner.env.close()
     learner.eval_env.close()
 
@@ -100,3 +118,31 @@ def test_a_run_of_another_kind_is_refused_naming_its_kind(tmp_path: Path, text: 
     (tmp_path / "config.yaml").write_text(text)
     with pytest.raises(ConfigError, match=rf"is a {kind} run; fine-tuning continues an off-policy RL run"):
         Finetuner(load(FinetuneConfig, None, [f"run={tmp_path}"]))
+
+
+def test_the_learner_anchors_to_the_version_the_node_judged_good(tmp_path: Path) -> None:
+    """The handed-over policy is the anchor until the node names another good version (`good.json`),
+    whose saved actor the anchor then runs; a rollback reloads the actor and anchors to it as well."""
+    learner = _learner(tmp_path, FIXTURE_RUN, (3, 1, 1), "anchor=5")
+    agent, anchor = learner.agent, learner.agent.anchor
+    assert anchor is not None
+    probe = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
+    handed_over = agent.act(probe, deterministic=True)
+    publisher = next(c for c in learner.callbacks if type(c).__name__ == "Publisher")
+    publisher.on_start(learner)  # saves version 0, the handed-over policy
+    with torch.no_grad():
+        for p in agent.policy.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    learner.save_actor(1)
+    moved = agent.act(probe, deterministic=True)
+    assert torch.allclose(anchor(probe), handed_over, atol=1e-6) and not torch.allclose(moved, handed_over, atol=1e-2)
+    (learner.directory / GOOD).write_text(json.dumps({"version": 1}))
+    publisher.on_iteration(learner)
+    assert torch.allclose(anchor(probe), moved, atol=1e-6)
+    (learner.directory / ROLLBACK).write_text(json.dumps({"version": 0, "refused": 2, "reason": "worse"}))
+    (learner.directory / GOOD).write_text(json.dumps({"version": 0}))
+    publisher.on_iteration(learner)
+    assert torch.allclose(anchor(probe), handed_over, atol=1e-6)
+    assert torch.allclose(agent.act(probe, deterministic=True), handed_over, atol=1e-6)
+    learner.env.close()
+    learner.eval_env.close()

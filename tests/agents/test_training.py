@@ -19,6 +19,7 @@ from q2real.agents.common.checkpoint import load_checkpoint
 from q2real.agents.common.guard import NonFiniteError
 from q2real.agents.common.metrics import read_metrics
 from q2real.agents.config import TrainConfig, load_run_config
+from q2real.agents.learners import widened
 from q2real.agents.train import Trainer, resume, train
 from q2real.configs.loader import ConfigError, load, to_dict
 from q2real.residual.train import ResidualTrainConfig
@@ -168,30 +169,54 @@ def test_a_run_started_from_another_begins_with_its_learner_and_acts_with_it_dur
 @pytest.mark.slow  # trains a tiny CrossQ run to start from
 def test_a_run_with_more_observed_terms_starts_from_one_without_them_acting_as_it_did(tmp_path: Path) -> None:
     """A policy trained on the nominal robot seeds one that also sees its earlier actions (a curriculum
-    step toward latency): the new input columns start with zero weights, so the new networks compute
-    what the old ones did whatever those columns hold; the critics too, the action after the new terms."""
+    step toward latency) and whose critics see the robot's draw: the new input columns start with zero
+    weights, so the new networks compute what the old ones did whatever those columns hold; the critics
+    too, the action after the new terms."""
     extra = ("crossq.renorm_warmup=50", "env.task_params.observe_last_action=true")
     first = train(small(tmp_path, "first", "crossq", extra)).path
     from q2real.agents.learners import restore_agent
 
     old_trainer = Trainer(small(tmp_path, "probe", "crossq", extra))
     old, _ = restore_agent(first, load_run_config(first), old_trainer.env)
-    grown = Trainer(
-        small(tmp_path, "grown", "crossq", (*extra, f"init_from={first}", "env.task_params.action_history=2"))
-    )
+    more = ("env.task_params.action_history=2", "env.task_params.critic_dynamics=true")
+    latency = "env.randomization.action_latency=[0,2]"
+    grown = Trainer(small(tmp_path, "grown", "crossq", (*extra, f"init_from={first}", *more, latency)))
     new = grown.agent.eval()
-    assert grown.env.obs_names[-2:] == ("last_action", "action_history")
+    assert grown.env.obs_names[-2:] == ("last_action", "action_history") and grown.env.critic_names == ("dynamics",)
     obs = old_trainer.env.reset(seed=3)
     history = torch.rand(obs.shape[0], 2 * grown.env.action_dim) * 2 - 1
+    full = torch.cat([obs, history, torch.randn(obs.shape[0], 6)], -1)  # and the critic-only robot draw
     with torch.no_grad():
-        torch.testing.assert_close(new.act(torch.cat([obs, history], -1), True), old.act(obs, True))
+        torch.testing.assert_close(new.act(full, True), old.act(obs, True))
         action = torch.rand(obs.shape[0], grown.env.action_dim) * 2 - 1
-        torch.testing.assert_close(new.q_values(torch.cat([obs, history], -1), action), old.q_values(obs, action))
+        torch.testing.assert_close(new.q_values(full, action), old.q_values(obs, action))
     for trainer in (old_trainer, grown):
         trainer.env.close()
         trainer.eval_env.close()
-    with pytest.raises(ConfigError, match=r"observed \[.*'last_action'\]; .*only policy terms appended after"):
+    with pytest.raises(
+        ConfigError, match=r"observed policy terms \[.*'last_action'\]; .*only policy terms appended after"
+    ):
         Trainer(small(tmp_path, "fewer", "crossq", ("crossq.renorm_warmup=50", f"init_from={first}")))
+
+
+def test_widening_puts_new_policy_and_critic_columns_each_after_their_old_ones() -> None:
+    """A source observing policy columns p0 p1 and critic-only c0, a learner that adds policy p2 and
+    critic-only c1 c2: the actor's input grows by p2 alone; the critic's ([obs | action]) and the
+    normalizer's by all three, each new column where the learner expects it and zero or fresh there."""
+    stored = {
+        "actor.0.weight": torch.tensor([[1.0, 2.0]]),  # policy columns only
+        "critic.0.weight": torch.tensor([[1.0, 2.0, 3.0, 9.0]]),  # p0 p1 c0 | a
+        "obs_norm.mean": torch.tensor([1.0, 2.0, 3.0]),
+    }
+    mine = {
+        "actor.0.weight": torch.full((1, 3), 7.0),
+        "critic.0.weight": torch.full((1, 7), 7.0),
+        "obs_norm.mean": torch.full((6,), 5.0),
+    }
+    out = widened(stored, mine, [(2, 1), (3, 2)])
+    assert out["actor.0.weight"].tolist() == [[1.0, 2.0, 0.0]]
+    assert out["critic.0.weight"].tolist() == [[1.0, 2.0, 0.0, 3.0, 0.0, 0.0, 9.0]]
+    assert out["obs_norm.mean"].tolist() == [1.0, 2.0, 5.0, 3.0, 5.0, 5.0]
 
 
 def test_starting_from_a_run_that_does_not_fit_names_what_differs(tmp_path: Path) -> None:

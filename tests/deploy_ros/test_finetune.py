@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from q2real.configs.loader import ConfigError, load
 from q2real.contracts.schema import METADATA_KEY, read_metadata, seal
-from q2real.contracts.transitions import CANDIDATE, CHANGED, READY, ROLLBACK, RUN, TransitionRing, version_name
+from q2real.contracts.transitions import CANDIDATE, CHANGED, GOOD, READY, ROLLBACK, RUN, TransitionRing, version_name
 from q2real.deploy_ros.bundle import PolicyBundle
 from q2real.deploy_ros.learning.learner_process import Placement, launch, learner_cpus
 from q2real.deploy_ros.learning.robot_side import RobotLearning
@@ -302,6 +302,8 @@ def test_a_version_on_trial_takes_turns_with_the_last_good_one_and_is_judged_on_
     ran = _trial_ticks(tuning, {0: 0.4, 1: after}, {0: 0.0, 1: changed})
     event = tuning.events[-1]  # pyright: ignore[reportAttributeAccessIssue]
     assert event["event"] == outcome, event
+    # The learner is told which version the robot now judges good: its candidates stay near it.
+    assert json.loads((tuning.directory / GOOD).read_text()) == {"version": 1 if outcome == "accepted" else 0}
     if outcome == "accepted":
         assert tuning.node.version == 1 and tuning.good_version == 1
         # Pairs (new, good), (good, new): the first segment of the new version ran before the loop.
@@ -355,6 +357,27 @@ def test_a_handover_transient_is_left_out_and_a_stalled_learner_holds_the_good_v
         ring.append(start + i, np.zeros(3), np.zeros(1), np.zeros(1), np.zeros(1), tuning.node.version, RUN)
         tuning.check()
     assert tuning.node.version == 1 and tuning.trial is not None, "the good version runs until rewards come"
+
+
+def test_a_lagging_learner_never_draws_out_the_new_versions_turn(tuning: RobotLearning, tmp_path: Path) -> None:
+    """Rewards that lag more and more behind the robot (a learner slower than the control rate): the new
+    version runs its turn of two segments on time and hands over; the good version then runs until the
+    rewards catch up, however long that takes."""
+    _candidate(tuning, 1, _export(tmp_path, "next.onnx", seed=1))
+    tuning.check()
+    _run_ticks(tuning, 10, reward=0.4)  # segment 0: the new version's
+    tuning.check()
+    _run_ticks(tuning, 10, reward=0.4)  # segment 1: the good version's
+    tuning.check()
+    _run_ticks(tuning, 5, reward=0.4)  # segment 2, the good version's: its rewards stop halfway
+    ring, start, ran = tuning.ring, tuning.ring.head, {0: 0, 1: 0}
+    for i in range(85):
+        version = tuning.node.version
+        ring.append(start + i, np.zeros(3), np.zeros(1), np.zeros(1), np.zeros(1), version, RUN)
+        ran[version] += 1
+        tuning.check()
+    assert tuning.node.version == 0 and tuning.trial is not None
+    assert ran[1] == 20, f"the new version ran its two segments, no more: {ran}"
 
 
 def test_the_trial_shows_where_it_stands_on_diagnostics_and_the_console(tuning: RobotLearning, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from q2real.configs.loader import ConfigError, load
-from q2real.contracts.transitions import CANDIDATE, READY, RING, ROLLBACK, RUN, TransitionRing
+from q2real.contracts.transitions import CANDIDATE, GOOD, READY, RING, ROLLBACK, RUN, TransitionRing
 from q2real.deploy_ros.learning import link
 from q2real.deploy_ros.learning import link_pb2 as pb
 from q2real.deploy_ros.learning.link import Receiver, Relay, Tls, serve
@@ -173,7 +173,7 @@ def _wait(condition, seconds: float, what: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_session_over_mutual_tls_streams_rows_in_order_counts_drops_and_relays_rewards_and_rollbacks(
+def test_a_session_over_mutual_tls_streams_rows_in_order_counts_drops_and_relays_rewards_rollbacks_and_verdicts(
     tmp_path: Path,
 ) -> None:
     pem = _certificates(tmp_path)
@@ -210,6 +210,13 @@ def test_a_session_over_mutual_tls_streams_rows_in_order_counts_drops_and_relays
         (robot_dir / ROLLBACK).write_text(json.dumps(note))
         _wait(lambda: (session / ROLLBACK).is_file(), 10, "the rollback relayed")
         assert json.loads((session / ROLLBACK).read_text()) == note
+        # So does the version it judges good, the learner's anchor; one it never made does not.
+        (robot_dir / GOOD).write_text(json.dumps({"version": 7}))
+        time.sleep(1.0)
+        assert not (session / GOOD).exists(), "a version the learner never made is not relayed"
+        (robot_dir / GOOD).write_text(json.dumps({"version": 0}))
+        _wait(lambda: (session / GOOD).is_file(), 10, "the good version relayed")
+        assert json.loads((session / GOOD).read_text()) == {"version": 0}
         learner_pid = json.loads((session / READY).read_text())["pid"]
     finally:
         client.terminate()
