@@ -144,6 +144,7 @@ def test_kill_minus_nine_leaves_a_loadable_checkpoint_and_resume_finishes(tmp_pa
     assert finished.step == step + 200
 
 
+@pytest.mark.slow  # trains two short runs
 def test_a_run_started_from_another_begins_with_its_learner_and_acts_with_it_during_warmup(tmp_path: Path) -> None:
     first = train(small(tmp_path, "first", "crossq", ("crossq.renorm_warmup=50",))).path
     learned = load_checkpoint(first / "checkpoint.pt")["agent"]
