@@ -85,14 +85,15 @@ def test_the_tick_path_does_no_blocking_io_and_reporting_runs_on_other_threads(
     transport.recorder = Recorder(
         tmp_path / "bag", transport.command_topic, transport.command_type, {"x": 1}, inputs=transport.input_topics
     )
-    tick_threads: set[int] = set()
-    calls: dict[str, set[int]] = {}
+    # Thread objects, not idents: an ident is reused once its thread ends (an earlier test's reporter).
+    tick_threads: set[threading.Thread] = set()
+    calls: dict[str, set[threading.Thread]] = {}
 
     written: list[str] = []
 
     def watched(name, function):
         def wrapper(*args, **kwargs):
-            calls.setdefault(name, set()).add(threading.get_ident())
+            calls.setdefault(name, set()).add(threading.current_thread())
             if name == "stderr":
                 written.append(str(args[0])[:300])
             return function(*args, **kwargs)
@@ -102,7 +103,7 @@ def test_the_tick_path_does_no_blocking_io_and_reporting_runs_on_other_threads(
     publish = transport.publish
 
     def tick_publish(tick):
-        tick_threads.add(threading.get_ident())
+        tick_threads.add(threading.current_thread())
         publish(tick)
 
     monkeypatch.setattr(builtins, "open", watched("open", builtins.open))
@@ -133,7 +134,7 @@ def test_the_tick_path_does_no_blocking_io_and_reporting_runs_on_other_threads(
     assert not transport.recorder.lost, transport.recorder.first_error
     overlap = {name: threads & tick_threads for name, threads in calls.items() if threads & tick_threads}
     assert not overlap, f"ran on a ticking thread: {sorted(overlap)} (stderr: {written})"
-    assert threading.get_ident() not in tick_threads, "the robot's writer thread should not have ticked"
+    assert threading.current_thread() not in tick_threads, "the robot's writer thread should not have ticked"
 
 
 def test_a_mode_change_reaches_diagnostics_at_once_not_at_the_next_period(pendulum_bundle) -> None:

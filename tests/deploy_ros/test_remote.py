@@ -134,7 +134,7 @@ def test_deploy_prints_each_mode_change_with_its_reason_and_q2real_operator_stop
         thread.join(30)
     out += capsys.readouterr().out
     assert not errors, errors
-    said = [line for line in out.splitlines() if re.fullmatch(r"\d\d:\d\d:\d\d  mode .*", line)]
+    said = [line for line in out.splitlines() if re.fullmatch(r"\d\d:\d\d:\d\d  mode [A-Z_]+: .*", line)]
     said = [line[10:] for line in said]
     assert said[:2] == [
         "mode RAMP: autostart: ramping from the measured pose to the default pose",  # --sim starts by itself
