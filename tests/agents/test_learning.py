@@ -3,8 +3,9 @@ the chunked learner the sparse cartpole, and SAC-Lag must keep a constrained car
 
 A uniform-random policy scores about 55 (500 steps, reward in [0, 1]). Each run evaluates every 5k
 env steps and stops once the deterministic evaluation reaches the threshold; thresholds sit below
-what seed-0 runs reached within the budget (SAC 390 and TD3 296 at 30k steps, FlashSAC 113-123,
-SAC with Parallel Q-Learning 436 at 30k, SAC with D-SPEAR replay 305 at 25k, CrossQ 421 at 15k).
+what seed-0 runs reached within the budget (SAC 390 and TD3 296 at 30k steps, FlashSAC at batch 128
+114 at 5k (seeds 1 and 2: 100 at 25k, 121 at 30k), SAC with Parallel Q-Learning 436 at 30k, SAC with
+D-SPEAR replay 305 at 25k, CrossQ 421 at 15k).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ CASES = {
         "flashsac",
         30_000,
         100.0,
-        ["flashsac.actor_hidden=[64]", "flashsac.critic_hidden=[128]", "flashsac.batch_size=256", "threads=1"],
+        ["flashsac.actor_hidden=[64]", "flashsac.critic_hidden=[128]", "flashsac.batch_size=128", "threads=1"],
     ),
-    # CrossQ with a short renorm warmup (seed 0 reached 421 at 15k), and with its products in bfloat16.
+    # CrossQ with a short renorm warmup (seed 0 reached 421 at 15k). Its bfloat16 products are held to
+    # bfloat16 rounding of the float32 ones in tests/agents/test_matmul_dtype.py, not by another run.
     "crossq": ("crossq", 30_000, 250.0, CROSSQ),
-    "crossq+bf16": ("crossq", 30_000, 250.0, [*CROSSQ, "crossq.matmul_dtype=bfloat16"]),
     # Parallel Q-Learning: critic and policy learners in their own processes (seed 0 reached 436 at 30k).
     "sac+pql": ("sac", 35_000, 300.0, [*SAC_128, "pql.enabled=true"]),
     # D-SPEAR dual-stream prioritized replay (seed 0 reached 305 at 25k).
