@@ -44,8 +44,8 @@ def _until(check, seconds: float, what: str) -> str:
 def test_the_path_to_a_robot_runs_from_the_quick_start_install(tmp_path: Path, dds_domain: int) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    # --no-compile: byte-compiling every module of torch at install is most of the install's time here; the
-    # modules the steps below import are compiled as they are imported, as they would be for a user.
+    # --no-compile: no byte-compiling of every module of torch at install; the modules the steps below
+    # import are compiled as they are imported, as they would be for a user.
     pip = [venv / "bin" / "pip", "install", "-q", "--no-compile", "torch==2.13.0", "-e", ROOT]
     installed = _run(*pip, cwd=tmp_path, timeout=900)
     assert installed.returncode == 0, installed.stderr[-3000:]

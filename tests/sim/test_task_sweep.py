@@ -11,7 +11,7 @@ from q2real.sim.registry import TASKS
 
 N, HORIZON = 8, 20
 SAME_PHYSICS = {"gr1_joystick": "gr1_legs_stand"}
-"""Tasks whose MJX physics (model, substeps, pushes) another task's MJX row already compiles and steps: the
+"""Tasks whose MJX physics (model and substeps) another task's MJX row already compiles and steps: the
 task layer is the same torch code on both backends and runs here on native; an XLA compile of the humanoid
 is about 100 s of the suite's CPU."""
 
