@@ -113,7 +113,7 @@ METHODS: dict[str, tuple[str, ...]] = {
 """How the learner fine-tunes (`--methods`, each a fine-tuned run beside the one frozen run), as its
 settings: `free`, the actor follows its critic alone; `anchored` (`anchored_20`: a stronger pull), inside
 a trust region around the last good version (`FinetuneConfig.anchor`)."""
-DEFAULT_METHOD = "free"
+DEFAULT_METHOD = "anchored_20"
 """The method the learner's defaults are; its figures are the task's headline."""
 
 

@@ -177,7 +177,8 @@ class RobotLearningSettings:
     """First ticks of each segment left out of its figures: right after a handover the robot still moves
     as the other version left it."""
     min_pairs: int = 6
-    """Pairs of segments before a version may be accepted..."""
+    """Pairs of segments before a version may be accepted (and as many segments of the last good version
+    in RUN before a trial starts: the level the trial's first pairs are also held to)..."""
     max_pairs: int = 40
     """...and after which one that is neither accepted nor thrown out is rolled back."""
     confidence: float = 0.95

@@ -58,7 +58,8 @@ class FinetuneConfig:
     anchor: float = 0.0
     """Weight of the trust region around the handed-over policy (on the robot: the last version it
     judged good): the actor loss pays this times the squared distance of its actions from that policy's
-    (`q2real.agents.common.anchor`), so a candidate stays where the robot's data are. 0: a free actor."""
+    (`q2real.agents.common.anchor`), so a candidate stays where the robot's data are. 0: a free actor
+    (beside the node the default is 20: `q2real.agents.onrobot.robot_learner.ON_ROBOT`)."""
     updates_per_step: float = 1.0
     """Gradient updates per robot transition once learning starts (may be fractional)."""
     eval_every: int = 1_000

@@ -246,6 +246,20 @@ class StreamLog(LogCallback):
         self.progress = Progress(None, "robot learner", unit="transition")  # this session's, from zero
 
 
+ON_ROBOT = ("anchor=20",)
+"""Where the learner beside a robot starts from other defaults than `q2real finetune` (the settings it is
+given come after and win). Its actor is anchored to the last version the node judged good, an anchor
+that moves with each acceptance: between swaps the robot runs that version with its noise, so the
+learner learns offline, and a free actor climbs its critic's errors on actions nobody tried
+(`bench/finetune.py --methods`). In `q2real finetune` the anchor would be the handed-over policy for
+good, and it would hold the return there."""
+
+
+def learner_config(overrides: list[str]) -> FinetuneConfig:
+    """`ON_ROBOT`, then the node's settings, then a run as long as the robot's."""
+    return load(FinetuneConfig, None, [*ON_ROBOT, *overrides, "total_steps=1000000000", "eval_every=0", "eval_envs=1"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="q2real-learner", description="the learner beside the deploy node")
     parser.add_argument("directory", type=Path, help="the node's fine-tuning directory (transitions.ring)")
@@ -255,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        config = load(FinetuneConfig, None, [*args.overrides, "total_steps=1000000000", "eval_every=0", "eval_envs=1"])
+        config = learner_config(args.overrides)
         learner = RobotLearner(config, args.directory, args.publish_every, args.parent_pid)
     except Q2RealError as err:
         print(f"robot learner: error: {err}", file=sys.stderr, flush=True)

@@ -16,7 +16,8 @@ off the tick:
   turns in segments of `segment` ticks, paired in alternating order, and each pair compares their
   mean reward per tick (computed by the learner from the joint states) and share of ticks the shield
   had to change (`q2real.deploy_ros.learning.trial`). Worse than tolerated by a one-sided bound over
-  the pairs so far, it is rolled back at once and the learner told (it reloads that actor); no worse
+  the pairs so far (or, in its first pairs, than the good version's level in the segments before the
+  trial), it is rolled back at once and the learner told (it reloads that actor); no worse
   by the opposite bound, it is kept; undecided after `max_pairs`, it is rolled back.
   One version is on trial at a time; candidates published meanwhile wait, and the newest is taken next;
 - notices the learner's death: the node keeps running, on the last good version (a version on trial
@@ -287,12 +288,14 @@ class RobotLearning:
             self._take_candidate()
 
     def _running_steadily(self) -> bool:
-        """A trial starts only while the policy runs: its last `segment` ticks in RUN under the good version
-        (a candidate taken while the robot waits or ramps would be thrown out for not running)."""
-        segment, head = self.settings.segment, self.ring.head
-        if head < segment:
+        """A trial starts only while the policy runs: its last `min_pairs` segments in RUN under the good
+        version (a candidate taken while the robot waits or ramps would be thrown out for not running, and
+        those segments are the level the trial's first pairs are held to; after a rollback, the robot
+        runs the good version that long before the next trial)."""
+        window, head = self.settings.min_pairs * self.settings.segment, self.ring.head
+        if head < window:
             return False
-        rows = self.ring.rows[np.arange(head - segment, head) % self.ring.capacity]
+        rows = self.ring.rows[np.arange(head - window, head) % self.ring.capacity]
         return bool(((rows["version"] == self.node.version) & ((rows["flags"] & RUN) > 0)).all())
 
     def _take_candidate(self) -> None:
@@ -375,7 +378,7 @@ class RobotLearning:
             trial.starts.append(self.ring.head)
         s = self.settings
         rule = TrialRule(s.min_pairs, s.max_pairs, s.confidence, s.return_drop, s.intervention_rise)
-        trial.verdict = verdict(rule, self._pairs(trial))
+        trial.verdict = verdict(rule, self._pairs(trial), self._before(trial))
         if trial.verdict.decision == "abort":
             self._roll_back(trial.verdict.detail)
         elif trial.verdict.decision == "accept":
@@ -398,6 +401,20 @@ class RobotLearning:
 
     def _version(self, trial: Trial, segment: int) -> tuple[PolicyBundle, int]:
         return (trial.bundle, trial.version) if new_runs(segment) else (self.good, self.good_version)
+
+    def _before(self, trial: Trial) -> list[float]:
+        """The good version's reward per tick over the `min_pairs` segments before the trial (without each
+        one's first `settle` ticks, as on trial); those not yet rewarded, or not all its own, are left out."""
+        s, start = self.settings, trial.starts[0]
+        rewards, versions, rewarded = self.ring.rewards_since(start - s.min_pairs * s.segment)
+        index = np.arange(rewarded - len(rewards), rewarded)
+        flags = self.ring.rows["flags"][index % self.ring.capacity]
+        level = []
+        for end in range(start - (s.min_pairs - 1) * s.segment, start + 1, s.segment):
+            rows = (index >= end - s.segment + s.settle) & (index < end)
+            if end <= rewarded and (versions[rows] == self.good_version).all() and (flags[rows] & RUN).all():
+                level.append(_mean(rewards[rows]))
+        return level
 
     def _pairs(self, trial: Trial) -> list[tuple[Segment, Segment]]:
         """The trial's finished pairs of segments with rewards, as (the good version's, the new one's)."""

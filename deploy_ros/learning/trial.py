@@ -16,11 +16,22 @@ larger than one look's: on hand-made reward streams (`tests/deploy_ros/test_tria
 `confidence` 0.95, a version as good as the last is thrown out in at most 10 % of trials and one 15 %
 worse (against 10 % tolerated) kept in at most 5 %. A version that decides neither way within `max_pairs` is not
 kept.
+
+The pairs cannot see a version that drags the last good one down with it: on a robot, each segment
+starts from the state the other version left, so a version that puts the arm somewhere bad makes the
+good version's next turn bad too, and their difference stays near zero while the robot does worse under
+both. So the trial also compares the new version's segments with the last good version's level just
+before it (`before`: segments of the same length it ran in the ticks before the swap), with a one-sided
+Welch bound, and aborts a version worse than that level by the tolerated drop. That comparison reads a
+change of the robot itself as the version's fault, so it is made only while the version cannot yet be
+kept (its first `min_pairs` pairs, a few seconds after the window it compares with), when a real drift
+has had little time to act and a version that hurts the robot has had little time to do so.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Literal
@@ -94,6 +105,19 @@ def _bounds(differences: np.ndarray, confidence: float, least_std: float = 0.0) 
     return mean, mean - half, mean + half
 
 
+def _welch(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its one-sided bounds, for two samples of unequal spread (Welch's t, its
+    degrees of freedom rounded down)."""
+    mean = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return mean, -math.inf, math.inf
+    va, vb = float(a.var(ddof=1)) / len(a), float(b.var(ddof=1)) / len(b)
+    spread = va + vb
+    dof = spread**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if spread > 0 else len(a) + len(b) - 2
+    half = t_quantile(confidence, max(1, math.floor(dof))) * math.sqrt(spread)
+    return mean, mean - half, mean + half
+
+
 def new_runs(segment: int) -> bool:
     """Whether the new version runs segment `segment` of a trial: it starts, and pairs of segments
     alternate their order, (new, good), (good, new), (new, good), ..., so a drift adds to the difference
@@ -102,8 +126,10 @@ def new_runs(segment: int) -> bool:
     return bool(second) == bool(pair % 2)
 
 
-def verdict(rule: TrialRule, pairs: list[tuple[Segment, Segment]]) -> Verdict:
-    """The decision on the pairs (the good version's segment, the new one's) finished so far."""
+def verdict(rule: TrialRule, pairs: list[tuple[Segment, Segment]], before: Sequence[float] = ()) -> Verdict:
+    """The decision on the pairs (the good version's segment, the new one's) finished so far, and the last
+    good version's reward per tick over segments of the same length just before the trial (`before`;
+    with fewer than two, the pairs alone decide)."""
     for k, (good, new) in enumerate(pairs):
         if new.running < new.ticks / 2:  # it took the robot out of RUN, or nobody let it run
             ran = f"{new.running} of its {new.ticks} ticks"
@@ -121,6 +147,8 @@ def verdict(rule: TrialRule, pairs: list[tuple[Segment, Segment]]) -> Verdict:
         return Verdict("wait", "no pair finished yet")
     reward = np.array([new.reward - good.reward for good, new in pairs])
     changed = np.array([new.changed - good.changed for good, new in pairs])
+    level = np.array(before, dtype=float)
+    level = level[np.isfinite(level)]
     reference = float(np.mean([good.reward for good, _ in pairs]))
     drop = rule.return_drop * abs(reference)
     # A share of ticks is binomial: its difference varies by at least its two binomial errors.
@@ -134,6 +162,17 @@ def verdict(rule: TrialRule, pairs: list[tuple[Segment, Segment]]) -> Verdict:
     )
     if r[2] < -drop or c[1] > rule.intervention_rise:
         return Verdict("abort", f"worse at {rule.confidence:.0%}: {detail}", n, r, c)
+    own = np.array([new.reward for _, new in pairs])
+    if len(level) >= 2 and n <= rule.min_pairs:
+        b = _welch(own, level, rule.confidence)
+        if b[2] < -drop:
+            return Verdict(
+                "abort",
+                f"worse at {rule.confidence:.0%} than the last good version before the trial: its segments "
+                f"{own.mean():.4g} per tick against {level.mean():.4g} over the {len(level)} segments before "
+                f"({b[0]:+.4g} [{b[1]:+.4g}, {b[2]:+.4g}], tolerated drop {drop:.4g}); {detail}",
+                n, r, c,
+            )  # fmt: skip
     if n >= rule.min_pairs and r[1] >= -drop and c[2] <= rule.intervention_rise:
         return Verdict("accept", f"no worse at {rule.confidence:.0%}: {detail}", n, r, c)
     if n >= rule.max_pairs:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from q2real.agents.onrobot.finetune import FinetuneConfig, Finetuner
-from q2real.agents.onrobot.robot_learner import RobotLearner
+from q2real.agents.onrobot.robot_learner import RobotLearner, learner_config
 from q2real.agents.train import train
 from q2real.configs.loader import ConfigError, load
 from q2real.contracts.transitions import GOOD, RING, ROLLBACK, RUN, TransitionRing
@@ -118,6 +118,12 @@ def test_a_run_of_another_kind_is_refused_naming_its_kind(tmp_path: Path, text: 
     (tmp_path / "config.yaml").write_text(text)
     with pytest.raises(ConfigError, match=rf"is a {kind} run; fine-tuning continues an off-policy RL run"):
         Finetuner(load(FinetuneConfig, None, [f"run={tmp_path}"]))
+
+
+def test_beside_the_robot_the_actor_is_anchored_unless_the_node_says_otherwise() -> None:
+    assert learner_config([f"run={FIXTURE_RUN}"]).anchor == 20.0
+    assert learner_config([f"run={FIXTURE_RUN}", "anchor=0"]).anchor == 0.0
+    assert load(FinetuneConfig, None, [f"run={FIXTURE_RUN}"]).anchor == 0.0  # `q2real finetune`'s own default
 
 
 def test_the_learner_anchors_to_the_version_the_node_judged_good(tmp_path: Path) -> None:

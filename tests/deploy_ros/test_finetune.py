@@ -313,22 +313,44 @@ def test_a_version_on_trial_takes_turns_with_the_last_good_one_and_is_judged_on_
         assert json.loads((tuning.directory / ROLLBACK).read_text())["refused"] == 1
         # Two pairs bound a reward; a share of ten ticks is coarser (its binomial error) and takes three.
         assert ran.get(1, 0) <= 20, "a worse version runs three segments at most"
-        # The next candidate goes on trial once the good version has run a segment steadily again.
+        # The next candidate goes on trial once the good version has run `min_pairs` segments in a row.
         _candidate(tuning, 2, _export(tmp_path, "next.onnx", seed=2))
-        _run_ticks(tuning, 10, reward=0.4)
-        tuning.check()
-        assert tuning.node.version == 2
+        for _ in range(3):
+            _run_ticks(tuning, 10, reward=0.4)
+            tuning.check()
+            if tuning.node.version == 2:
+                break
+        ring = tuning.ring
+        before = ring.rows["version"][np.arange(ring.head - 20, ring.head) % ring.capacity]
+        assert tuning.node.version == 2 and (before == 0).all(), before
+
+
+def test_a_version_that_drags_the_good_one_down_with_it_is_rolled_back_on_the_level_before_its_trial(
+    tuning: RobotLearning, tmp_path: Path
+) -> None:
+    """On trial the robot does as badly under the good version's turns as under the new one's (each starts
+    where the other left it): the pairs see no difference, the level the good version held before does."""
+    _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
+    tuning.check()
+    ran = _trial_ticks(tuning, {0: 0.1, 1: 0.1}, {0: 0.0, 1: 0.0})
+    event = tuning.events[-1]  # pyright: ignore[reportAttributeAccessIssue]
+    assert event["event"] == "rolled_back" and "than the last good version before the trial" in event["detail"], event
+    assert "0.1 per tick against 0.4 over the 2 segments before" in event["detail"]
+    assert tuning.node.version == 0 and ran.get(1, 0) <= 20
 
 
 def test_no_trial_starts_while_the_policy_is_not_running(tuning: RobotLearning, tmp_path: Path) -> None:
     """A candidate taken while the robot waits, ramps or holds would be thrown out for not running, and
-    the learner would lose its progress to the rollback: it waits for a segment of RUN instead."""
+    the learner would lose its progress to the rollback: it waits for `min_pairs` segments of RUN instead."""
     ring, start = tuning.ring, tuning.ring.head
     for i in range(10):
         ring.append(start + i, np.zeros(3), np.zeros(1), np.zeros(1), np.zeros(1), 0, 0)
     _candidate(tuning, 1, _export(tmp_path, "good.onnx", seed=1))
     tuning.check()
     assert tuning.node.version == 0 and tuning.trial is None and tuning.counts.swaps == 0
+    _run_ticks(tuning, 10, reward=0.4)
+    tuning.check()  # one segment of RUN: the level before a trial takes `min_pairs`
+    assert tuning.node.version == 0 and tuning.trial is None
     _run_ticks(tuning, 10, reward=0.4)
     tuning.check()
     assert tuning.node.version == 1 and tuning.trial is not None
@@ -349,6 +371,7 @@ def test_a_handover_transient_is_left_out_and_a_stalled_learner_holds_the_good_v
         _run_ticks(tuning, 6, reward=0.4)
         tuning.check()
     assert tuning.events[-1]["event"] == "accepted", tuning.events[-1]  # pyright: ignore[reportAttributeAccessIssue]
+    _run_ticks(tuning, 20, reward=0.4)
     _candidate(tuning, 2, _export(tmp_path, "next.onnx", seed=2))
     tuning.check()
     assert tuning.node.version == 2
