@@ -11,7 +11,10 @@ Per task (`--task`, results merged into one file):
   the task's own targets, a new one every 2 s episode (`--task-commands`), its joints reset near the
   home pose between episodes; at `--shift-at`, 8 kg hang on its last link (`payload=8`), beyond the
   range it trained on. Its reward is computed by the learner from the stream: forward kinematics on
-  the joint states, the target from the observation (`q2real.sim.streamed`).
+  the joint states, the target from the observation (`q2real.sim.streamed`). The node's trial segments
+  are one episode long (`finetune.segment=100`, at most 20 pairs): a reach has a cycle (move, then
+  hold), and segments of a quarter of it would set one version's turn on the move against the other's
+  on the hold.
 
 Each is deployed with `q2real deploy --sim` on the sim robot, in real time over DDS loopback
 (50 Hz). Three runs of the same length:
@@ -35,13 +38,15 @@ dynamics: the pre-shift level), beside `frozen_return_ratio` (the deployed bundl
 dynamics ÷ the same), and `tick_p99_ratio_with_learner` (the fine-tuned run's tick latency p99 ÷ the
 no-learner run's), with `loop_deadline_miss_fraction_with_learner`; `robot_seconds_to_recover` (from the
 shift to the acceptance of the first version at 0.9 of nominal offline) and
-`rolled_back_version_ticks_max` (the most ticks any version later rolled back ran on the robot).
+`rolled_back_version_ticks_max` (the most ticks any version later rolled back ran on the robot), beside
+`worse_version_ticks_max` (the most ticks any version ran whose offline return was worse than the last
+good version's by more than the trial's tolerated drop: a version rolled back undecided may be as good).
 Prints a table, writes bench/results/finetune.json (pendulum's headline at the top level, as before;
 every task's under `tasks.<task>` (the default method's, every method's figures under `methods`), and
 `<task>_recovered_return_ratio` / `<task>_frozen_return_ratio` beside it, with the worst
-`rolled_back_version_ticks_max` and `tick_p99_ratio_with_learner` over the tasks) and finetune.png
-(pendulum) or finetune_<task>.png (the default method's run), and prints the headline JSON as its last
-line. About (1 + methods) x `--duration` + 60 s + 2 s per version.
+`rolled_back_version_ticks_max`, `worse_version_ticks_max` and `tick_p99_ratio_with_learner` over the
+tasks) and finetune.png (pendulum) or finetune_<task>.png (the default method's run), and prints the
+headline JSON as its last line. About (1 + methods) x `--duration` + 60 s + 2 s per version.
 
 Results: docs/results/finetuning.md
 """
@@ -60,7 +65,7 @@ import numpy as np
 from q2real.configs.loader import load
 from q2real.contracts.transitions import RING, RUN, TransitionRing
 from q2real.deploy_ros.session import deploy
-from q2real.deploy_ros.settings import NodeConfig
+from q2real.deploy_ros.settings import NodeConfig, RobotLearningSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -81,6 +86,8 @@ class Bench:
     title: str
     noise: tuple[float, float]
     """Exploration (std, bound) of the fine-tuned run, unless `--noise`."""
+    trial: tuple[str, ...] = ()
+    """The node's trial settings for the task, beside its defaults."""
 
 
 TASKS = {
@@ -101,6 +108,9 @@ TASKS = {
         ("--reset-spread", "0.1", "--task", "panda_reach", "--task-commands"),
         "panda_reach on the sim robot: rated payloads in training, then 8 kg on the wrist (dashed)",
         (0.1, 0.3),
+        # A segment of one 2 s episode: in a quarter of one, a version's turn would be the reach or the
+        # hold, and which it got would decide the pair.
+        ("finetune.segment=100", "finetune.max_pairs=20"),
     ),
 }
 
@@ -134,7 +144,7 @@ def run(
     if kind == "frozen":
         overrides += ["finetune.noise_std=0", "finetune.learner=[actor_start=1000000000]"]
     if kind == "fine-tuned":
-        overrides += [f"finetune.noise_std={noise[0]}", f"finetune.noise_bound={noise[1]}"]
+        overrides += [f"finetune.noise_std={noise[0]}", f"finetune.noise_bound={noise[1]}", *bench.trial]
         overrides += [f"finetune.learner=[{','.join(learner)}]"] if learner else []
     config = load(NodeConfig, None, overrides)
     shift = ["--shift", bench.shift, "--shift-at", str(shift_at), "--reset-every", str(episode), *bench.sim]
@@ -197,11 +207,15 @@ def offline(bench: Bench, bundle: Path, shifted: bool, episodes: int = 32) -> fl
 
 
 def version_returns(bench: Bench, row: dict, directory: Path) -> list[dict]:
-    """Every version the node swapped in, with when (robot s), its verdict and its offline shifted return."""
+    """Every version the node swapped in, with when (robot s), its verdict, its offline shifted return
+    and whether that is worse than the last good version's when it went on trial (by more than the
+    trial's tolerated drop, `RobotLearningSettings.return_drop`)."""
     events = row["finetune"]["events"]
     accepted_at = {e["version"]: e["tick"] * PERIOD for e in events if e["event"] == "accepted"}
     kept = set(accepted_at)
     rolled = {int(e["detail"].split(":")[0].split()[1]) for e in events if e["event"] == "rolled_back"}
+    drop = RobotLearningSettings().return_drop
+    good = offline(bench, directory / "v0000.onnx", True)
     found = []
     for event in events:
         if event["event"] != "swapped":
@@ -209,6 +223,7 @@ def version_returns(bench: Bench, row: dict, directory: Path) -> list[dict]:
         version = event["version"]
         verdict = "kept" if version in kept else "rolled back" if version in rolled else "on trial at the end"
         bundle = directory / f"v{version:04d}.onnx"
+        value = offline(bench, bundle, True)
         found.append(
             {
                 "version": version,
@@ -216,9 +231,11 @@ def version_returns(bench: Bench, row: dict, directory: Path) -> list[dict]:
                 "verdict": verdict,
                 "accepted_at": accepted_at.get(version),
                 "ticks": row["ticks_by_version"].get(version, 0),
-                "return": offline(bench, bundle, True),
+                "return": value,
+                "worse": value < good - drop * abs(good),
             }
         )
+        good = value if version in kept else good
     return found
 
 
@@ -276,6 +293,7 @@ def figures(rows: dict[str, dict], tuned: dict, levels: dict[str, float], args) 
         "rolled_back_version_ticks_max": max(
             (v["ticks"] for v in versions if v["verdict"] == "rolled back"), default=0
         ),
+        "worse_version_ticks_max": max((v["ticks"] for v in versions if v["worse"]), default=0),
         "versions_swapped": tuned["finetune"]["swaps"],
         "rollbacks": tuned["finetune"]["rollbacks"],
     }
@@ -353,9 +371,9 @@ def main() -> None:
     for task, result in tasks.items():
         if task != "pendulum":
             headline |= {f"{task}_{key}": result[key] for key in ("recovered_return_ratio", "frozen_return_ratio")}
-    ticks = [r["rolled_back_version_ticks_max"] for r in tasks.values() if "rolled_back_version_ticks_max" in r]
-    p99 = [r["tick_p99_ratio_with_learner"] for r in tasks.values()]
-    headline |= {"rolled_back_version_ticks_max": max(ticks, default=0), "tick_p99_ratio_with_learner": max(p99)}
+    for key in ("rolled_back_version_ticks_max", "worse_version_ticks_max"):
+        headline[key] = max((r[key] for r in tasks.values() if key in r), default=0)
+    headline["tick_p99_ratio_with_learner"] = max(r["tick_p99_ratio_with_learner"] for r in tasks.values())
     path.write_text(json.dumps(headline | {"tasks": tasks}, indent=2))
     if rewritten:
         plot(

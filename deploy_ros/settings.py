@@ -172,7 +172,9 @@ class RobotLearningSettings:
     segment: int = 25
     """Ticks a new version and the last good one each run before the other takes over: on trial they
     take turns, paired in alternating order (new, good), (good, new), ..., and each pair compares the
-    two (`q2real.deploy_ros.learning.trial`)."""
+    two (`q2real.deploy_ros.learning.trial`). Where the robot's work has a cycle (a reach or a pick every
+    few seconds), a whole number of cycles: shorter, one version's turn falls on one part of the cycle
+    and the other's on another, and the pairs compare the parts rather than the versions."""
     settle: int = 5
     """First ticks of each segment left out of its figures: right after a handover the robot still moves
     as the other version left it."""

@@ -1296,7 +1296,8 @@ def finetuning_page() -> str:
     out += (
         "The top level of the file holds pendulum's headline (as it did before the bench took `--task`), "
         "each other task's return ratios with the task's name in front, and the worst "
-        "`rolled_back_version_ticks_max` and `tick_p99_ratio_with_learner` over the tasks:\n\n"
+        "`rolled_back_version_ticks_max`, `worse_version_ticks_max` and `tick_p99_ratio_with_learner` over the "
+        "tasks:\n\n"
     )
     out += table(["key", "value"], [[code(k), num(v)] for k, v in data.items() if not isinstance(v, dict)])
     for task, result in data.get("tasks", {}).items():
@@ -1364,6 +1365,8 @@ def finetune_task(task: str, result: dict) -> str:
             "robot_seconds_to_recover": "seconds from the shift to the acceptance of the first version at 0.9 "
             "of nominal offline",
             "rolled_back_version_ticks_max": "the most ticks a version later rolled back ran on the robot",
+            "worse_version_ticks_max": "the most ticks a version ran whose offline return was worse than the last "
+            "good version's by more than the trial's tolerated drop",
             "versions_swapped": "versions the node swapped in",
             "rollbacks": "versions it rolled back",
         },
@@ -1375,7 +1378,8 @@ def finetune_task(task: str, result: dict) -> str:
             "each beside the same frozen run:\n\n"
         )
         columns = ["recovered_return_ratio", "best_version_return_ratio", "stream_tail_ratio_finetuned"]
-        columns += ["robot_seconds_to_recover", "rolled_back_version_ticks_max", "versions_swapped", "rollbacks"]
+        columns += ["robot_seconds_to_recover", "rolled_back_version_ticks_max", "worse_version_ticks_max"]
+        columns += ["versions_swapped", "rollbacks"]
         rows = [[code(name), *(num(figures.get(c), 4) for c in columns)] for name, figures in methods.items()]
         out += table(["method", *map(code, columns)], rows)
     rows = []
@@ -1403,7 +1407,7 @@ def finetune_task(task: str, result: dict) -> str:
         [
             f"v{v['version']}",
             num(v["seconds"]),
-            v["verdict"],
+            v["verdict"] + (", worse" if v.get("worse") else ""),
             num(v.get("ticks")),
             num(v["return"], 4),
             ratio(v["return"] / levels["nominal"]),
