@@ -501,7 +501,7 @@ def _learn(args: argparse.Namespace) -> int:
 
     from q2real.agents.common.checkpoint import CHECKPOINT
     from q2real.agents.config import load_run_config
-    from q2real.agents.onrobot.finetune import FinetuneConfig
+    from q2real.agents.onrobot.robot_learner import learner_config
     from q2real.deploy_ros.learning.link import Relay, Tls, serve
     from q2real.deploy_ros.settings import RobotLearningSettings
 
@@ -519,7 +519,7 @@ def _learn(args: argparse.Namespace) -> int:
         raise ConfigError(message.replace("finetune.learner", "KEY=VALUE")) from None
     # The run and the learner's own settings, checked now rather than when the first robot connects.
     load_run_config(Path(args.run_dir), CHECKPOINT)
-    load(FinetuneConfig, None, [f"run={args.run_dir}", *learner, "total_steps=1000000000", "eval_every=0"])
+    learner_config([f"run={args.run_dir}", *learner])
     if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_client_ca and not args.tls_cert):
         raise ConfigError("--tls-cert and --tls-key go together; --tls-client-ca needs them")
     root = Path(args.directory or f"learn-{time.strftime('%Y%m%d-%H%M%S')}")
